@@ -1,0 +1,60 @@
+# GangJob developer and operator targets. Every target depends on `setup`, so a fresh clone
+# needs no manual step. The local Kubernetes binaries are cached outside the repository
+# (${XDG_CACHE_HOME:-~/.cache}/gangjob) and built on first use.
+
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+CLUSTER_PROFILE ?= sim
+NODES ?= 3
+
+.PHONY: help setup lint test test-unit test-integration test-e2e manifests install uninstall \
+        run cluster cluster-node down status build-k8s demo bench clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) on PATH" >&2; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	@touch $@
+
+setup: $(STAMP) ## create .venv with the project (editable) and its dev deps
+
+lint: setup ## ruff + mypy --strict
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+test: lint ## lint and every test tier (unit, integration on sim, e2e on a real node)
+	$(BIN)/pytest tests
+
+test-unit: setup ## pure tests only (no cluster)
+	$(BIN)/pytest tests/unit
+
+test-integration: setup ## tests on the local `sim` cluster
+	$(BIN)/pytest tests/integration
+
+test-e2e: setup ## tests on the local `node` cluster (real kubelet; needs root)
+	$(BIN)/pytest tests/e2e
+
+build-k8s: setup ## build the pinned Kubernetes, etcd and KWOK binaries into the cache
+	$(BIN)/localcluster build
+
+cluster: setup ## start the local cluster (CLUSTER_PROFILE=sim|node, NODES=3)
+	$(BIN)/localcluster up --profile $(CLUSTER_PROFILE) --nodes $(NODES)
+
+cluster-node: setup ## start the local cluster with one real kubelet
+	$(BIN)/localcluster up --profile node
+
+down: setup ## stop the local cluster
+	$(BIN)/localcluster down --profile $(CLUSTER_PROFILE)
+
+status: setup ## what the local clusters run
+	$(BIN)/localcluster status
+
+clean: ## remove the virtualenv and caches in the tree (not the Kubernetes binaries)
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,1 @@
+"""Builds and runs a real local Kubernetes (etcd, apiserver, controller-manager, scheduler, KWOK, kubelet)."""
