@@ -1,0 +1,32 @@
+"""The clock the controller's timing code is written against, injected so tests drive time.
+
+Deadlines and backoffs use a monotonic clock: a wall-clock step (NTP, a VM resumed) must not
+make a lease look expired or a backoff end early.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Protocol
+
+
+class Clock(Protocol):
+    """Monotonic seconds and a way to wait for them to pass."""
+
+    def now(self) -> float: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class MonotonicClock:
+    """The real clock: `time.monotonic` and `asyncio.sleep`."""
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, seconds))
+
+
+MONOTONIC = MonotonicClock()
