@@ -1,0 +1,724 @@
+"""The GangJob resource, gangjob.io/v1alpha1: pydantic models of its spec and status with the wire
+names of DESIGN.md section 3b, and the helpers that parse an API object and dump a status.
+
+The CRD's schema is generated from these models (`api.crd`); the validation rules that a schema
+alone cannot express are CEL rules attached here, next to the fields they constrain, and mirrored
+by pydantic validators so that Python code sees the same errors as the apiserver.
+"""
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any, Final, Self
+
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    PlainSerializer,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from api.constants import API_VERSION, HISTORY_LIMIT, KIND
+
+# --- wire types -----------------------------------------------------------------------------
+
+
+def _to_utc_seconds(value: datetime) -> datetime:
+    # metav1.Time has whole seconds on the wire; truncating on the way in too keeps a value read
+    # back from the apiserver equal to the one written, so a reconcile sees no spurious change.
+    return value.astimezone(UTC).replace(microsecond=0)
+
+
+def _to_utc(value: datetime) -> datetime:
+    return value.astimezone(UTC)
+
+
+def _format_time(value: datetime) -> str:
+    return value.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _format_micro_time(value: datetime) -> str:
+    return value.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+Time = Annotated[
+    AwareDatetime,
+    AfterValidator(_to_utc_seconds),
+    PlainSerializer(_format_time, return_type=str, when_used="json"),
+]
+"""A timestamp with whole seconds in UTC, as metav1.Time (RFC 3339, `...Z`)."""
+
+MicroTime = Annotated[
+    AwareDatetime,
+    AfterValidator(_to_utc),
+    PlainSerializer(_format_micro_time, return_type=str, when_used="json"),
+]
+"""A timestamp with microseconds in UTC, as metav1.MicroTime: restart timings need sub-second."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        serialize_by_alias=True,
+        frozen=True,
+    )
+
+
+# --- enums ----------------------------------------------------------------------------------
+
+
+class RestartMode(StrEnum):
+    """How workers restart: in place (`Pod`, `Process`) or by recreating the gang (`Recreate`)."""
+
+    POD = "Pod"
+    PROCESS = "Process"
+    RECREATE = "Recreate"
+
+
+class FailureAction(StrEnum):
+    """What the gang does about a classified failure."""
+
+    RESTART_GANG = "RestartGang"
+    RECREATE_WORKER = "RecreateWorker"
+    FAIL_JOB = "FailJob"
+    IGNORE = "Ignore"
+
+
+class ExitCodeOperator(StrEnum):
+    """How `onExitCodes.values` match an exit code."""
+
+    IN = "In"
+    NOT_IN = "NotIn"
+
+
+class DeviceHealth(StrEnum):
+    """A device health reported by the kubelet (KEP-4680 `allocatedResourcesStatus`)."""
+
+    UNHEALTHY = "Unhealthy"
+    UNKNOWN = "Unknown"
+
+
+class ConditionStatus(StrEnum):
+    """The status of a Kubernetes condition."""
+
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class SuccessPolicy(StrEnum):
+    """When the job has succeeded."""
+
+    ALL = "All"
+    RANK0 = "Rank0"
+
+
+class Phase(StrEnum):
+    """The phase of a GangJob."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    SUSPENDED = "Suspended"
+
+
+# --- spec -----------------------------------------------------------------------------------
+
+# Kubernetes container names are DNS-1123 labels.
+_CONTAINER_NAME_MAX: Final = 63
+# Pods have no limit on containers; ours bounds the apiserver's CEL cost estimate of the rules
+# that search the template's containers, without which it rejects the CRD.
+_CONTAINERS_MAX: Final = 100
+_RULES_MAX: Final = 20
+_MATCHERS_MAX: Final = 20
+
+_POD_TEMPLATE_SCHEMA: Final[dict[str, Any]] = {
+    "type": "object",
+    # A full PodTemplateSpec schema would add ~15k lines to the CRD; only what our own rules
+    # read is typed, the rest is kept as the user wrote it and validated when pods are created.
+    "x-kubernetes-preserve-unknown-fields": True,
+    "x-kubernetes-embedded-resource": False,
+    "required": ["spec"],
+    "properties": {
+        "metadata": {
+            "type": "object",
+            "description": "Labels and annotations of every worker pod; the controller adds "
+            "its own `gangjob.io/*` labels.",
+            "x-kubernetes-preserve-unknown-fields": True,
+        },
+        "spec": {
+            "type": "object",
+            "description": "PodSpec of every worker. The controller sets the restart policy, "
+            "hostname, subdomain, and adds the agent and the worker environment.",
+            "x-kubernetes-preserve-unknown-fields": True,
+            "required": ["containers"],
+            "properties": {
+                "containers": {
+                    "type": "array",
+                    "description": "Containers of a worker; the first is the trainer unless "
+                    "`spec.trainerContainer` names another.",
+                    "minItems": 1,
+                    "maxItems": _CONTAINERS_MAX,
+                    # As in PodSpec: container names are unique.
+                    "x-kubernetes-list-type": "map",
+                    "x-kubernetes-list-map-keys": ["name"],
+                    "items": {
+                        "type": "object",
+                        "description": "A container (core/v1 Container).",
+                        "x-kubernetes-preserve-unknown-fields": True,
+                        "required": ["name", "image"],
+                        "properties": {
+                            "name": {
+                                "type": "string",
+                                "description": "Name of the container, unique in the pod.",
+                                "minLength": 1,
+                                "maxLength": _CONTAINER_NAME_MAX,
+                            },
+                            "image": {
+                                "type": "string",
+                                "description": "Container image.",
+                                "minLength": 1,
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
+PodTemplate = Annotated[dict[str, Any], WithJsonSchema(_POD_TEMPLATE_SCHEMA)]
+"""A core/v1 PodTemplateSpec, kept as the raw dict the user wrote."""
+
+
+def _template_container_names(template: Mapping[str, Any]) -> list[str]:
+    spec = template.get("spec")
+    containers = spec.get("containers") if isinstance(spec, Mapping) else None
+    if not isinstance(containers, list) or not containers:
+        raise ValueError("spec.template.spec.containers must list at least one container")
+    names: list[str] = []
+    for index, container in enumerate(containers):
+        if not isinstance(container, Mapping):
+            raise ValueError(f"spec.template.spec.containers[{index}] must be an object")
+        name, image = container.get("name"), container.get("image")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"spec.template.spec.containers[{index}].name is required")
+        if not isinstance(image, str) or not image:
+            raise ValueError(f"spec.template.spec.containers[{index}].image is required")
+        if name in names:
+            raise ValueError(f"spec.template.spec.containers[{index}].name {name!r} is duplicated")
+        names.append(name)
+    return names
+
+
+class RestartSpec(_Model):
+    """How the gang restarts after a failure."""
+
+    mode: RestartMode = Field(
+        default=RestartMode.POD,
+        description="`Pod`: every worker's pod restarts in place (KEP-5532 "
+        "`RestartAllContainers`). `Process`: the agent restarts the training process inside "
+        "the running container (no kubelet backoff). `Recreate`: every pod is deleted and "
+        "created again. If the cluster cannot honour the mode, the controller falls back to "
+        "the next that works and says so in the `ModeDegraded` condition and `status.mode`.",
+    )
+    max_restarts: int = Field(
+        default=10,
+        ge=0,
+        description="Gang restarts that count against the budget (see "
+        "`failurePolicy.rules[].countsTowardsMaxRestarts`) before the job fails.",
+    )
+    backoff_seconds: int = Field(
+        default=0,
+        ge=0,
+        description="Wait before a gang restart; it doubles with each consecutive restart up "
+        "to a cap. 0 restarts at once.",
+    )
+    barrier_timeout_seconds: int = Field(
+        default=600,
+        ge=1,
+        description="A worker that has not arrived at the barrier of a new epoch this long "
+        "after the restart began is recreated.",
+    )
+
+
+class ExitCodesMatcher(_Model):
+    """Matches a container's exit code."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.operator == 'NotIn' || !(0 in self.values)",
+                    "message": "values must not contain 0 with operator In: exit code 0 is a "
+                    "success, never a failure",
+                    "fieldPath": ".values",
+                },
+            ],
+        },
+    )
+
+    container_name: str | None = Field(
+        default=None,
+        max_length=_CONTAINER_NAME_MAX,
+        description="Container whose exit code is matched; it must be a container of "
+        "`spec.template`. Unset: the trainer container.",
+    )
+    operator: ExitCodeOperator = Field(
+        description="`In`: the exit code is one of `values`. `NotIn`: it is none of them (and "
+        "not 0)."
+    )
+    values: list[Annotated[int, Field(ge=0, le=255)]] = Field(
+        min_length=1,
+        max_length=255,
+        description="Exit codes, 0-255, unique.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+
+    @field_validator("values")
+    @classmethod
+    def _values_unique(cls, values: list[int]) -> list[int]:
+        if len(set(values)) != len(values):
+            raise ValueError("values must be unique")
+        return values
+
+    @model_validator(mode="after")
+    def _no_success_with_in(self) -> Self:
+        if self.operator is ExitCodeOperator.IN and 0 in self.values:
+            raise ValueError("values must not contain 0 with operator In")
+        return self
+
+
+class PodConditionMatcher(_Model):
+    """Matches a condition of the worker's pod, e.g. `DisruptionTarget` with its reason."""
+
+    type: str = Field(min_length=1, max_length=316, description="Condition type.")
+    reason: str | None = Field(
+        default=None,
+        max_length=1024,
+        description="Condition reason, e.g. `PreemptionByScheduler`. Unset: any reason.",
+    )
+    status: ConditionStatus | None = Field(
+        default=None, description="Condition status. Unset: `True`."
+    )
+
+
+class NodeConditionMatcher(_Model):
+    """Matches a condition of the node the worker runs on."""
+
+    type: str = Field(
+        min_length=1, max_length=316, description="Node condition type, e.g. `GpuXidError`."
+    )
+    status: ConditionStatus = Field(description="Condition status that matches.")
+
+
+_MATCHERS: Final = ("onExitCodes", "onPodConditions", "onDeviceHealth", "onNodeConditions")
+
+
+class FailurePolicyRule(_Model):
+    """A failure-policy rule: one matcher and the action taken when it matches."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "["
+                    + ", ".join(f"has(self.{name})" for name in _MATCHERS)
+                    + "].filter(x, x).size() == 1",
+                    "message": "a rule must set exactly one of " + ", ".join(_MATCHERS),
+                },
+            ],
+        },
+    )
+
+    action: FailureAction = Field(
+        description="`RestartGang`: restart every worker at a new epoch. `RecreateWorker`: "
+        "recreate the failed worker and restart the others in place. `FailJob`: fail the job. "
+        "`Ignore`: do nothing."
+    )
+    on_exit_codes: ExitCodesMatcher | None = Field(
+        default=None, description="Matches a container's exit code."
+    )
+    on_pod_conditions: Annotated[list[PodConditionMatcher], Field(min_length=1)] | None = Field(
+        default=None,
+        max_length=_MATCHERS_MAX,
+        description="Matches when the worker's pod has any of these conditions.",
+    )
+    on_device_health: DeviceHealth | None = Field(
+        default=None,
+        description="Matches when a device allocated to the worker reports this health.",
+    )
+    on_node_conditions: Annotated[list[NodeConditionMatcher], Field(min_length=1)] | None = Field(
+        default=None,
+        max_length=_MATCHERS_MAX,
+        description="Matches when the worker's node has any of these conditions.",
+    )
+    counts_towards_max_restarts: bool | None = Field(
+        default=None,
+        description="Whether a restart by this rule counts against `spec.restart.maxRestarts`. "
+        "Unset: infrastructure failures (node, device, preemption) do not count, others do.",
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one_matcher(self) -> Self:
+        matchers = (
+            self.on_exit_codes,
+            self.on_pod_conditions,
+            self.on_device_health,
+            self.on_node_conditions,
+        )
+        if sum(matcher is not None for matcher in matchers) != 1:
+            raise ValueError("a rule must set exactly one of " + ", ".join(_MATCHERS))
+        return self
+
+
+class FailurePolicy(_Model):
+    """How failures are classified into actions."""
+
+    rules: list[FailurePolicyRule] = Field(
+        default_factory=list,
+        max_length=_RULES_MAX,
+        description="Rules in order; the first that matches a failure decides its action. "
+        "Failures no rule matches get the default classification.",
+    )
+
+
+class NodeLossSpec(_Model):
+    """What happens to workers whose node is lost."""
+
+    force_delete_after_seconds: int = Field(
+        default=60,
+        ge=0,
+        description="A worker pod stuck `Terminating` on an unreachable, out-of-service or "
+        "deleted node is force-deleted once its deletion timestamp is this old.",
+    )
+    force_delete: bool = Field(
+        default=True,
+        description="Whether such pods may be force-deleted at all. Set false to opt out: "
+        "the lost worker is then recreated only once its pod is gone.",
+    )
+
+
+_SPEC_RULES: Final[list[JsonValue]] = [
+    {
+        "rule": "!has(self.trainerContainer) || "
+        "self.template.spec.containers.exists(c, c.name == self.trainerContainer)",
+        "message": "trainerContainer must name a container of spec.template.spec.containers",
+        "fieldPath": ".trainerContainer",
+    },
+    {
+        "rule": "!has(self.failurePolicy) || !has(self.failurePolicy.rules) || "
+        "self.failurePolicy.rules.all(r, !has(r.onExitCodes) || "
+        "!has(r.onExitCodes.containerName) || "
+        "self.template.spec.containers.exists(c, c.name == r.onExitCodes.containerName))",
+        "message": "failurePolicy.rules[].onExitCodes.containerName must name a container of "
+        "spec.template.spec.containers",
+        "fieldPath": ".failurePolicy.rules",
+    },
+]
+
+
+class GangJobSpec(_Model):
+    """The desired state of a GangJob."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": _SPEC_RULES})
+
+    replicas: int = Field(ge=1, description="Gang size: the number of workers (ranks).")
+    template: PodTemplate = Field(
+        description="PodTemplateSpec of a worker. Its first container is the trainer unless "
+        "`trainerContainer` names another."
+    )
+    trainer_container: str | None = Field(
+        default=None,
+        max_length=_CONTAINER_NAME_MAX,
+        description="Name of the template's container that runs training. Unset: the first.",
+    )
+    restart: RestartSpec = Field(
+        default_factory=RestartSpec,
+        description="How the gang restarts after a failure.",
+        # `{}` rather than the full default object: the apiserver then applies the nested
+        # defaults, which stay declared once, on the fields.
+        json_schema_extra={"default": {}},
+    )
+    failure_policy: FailurePolicy = Field(
+        default_factory=FailurePolicy,
+        description="Rules classifying failures into actions; first match wins.",
+    )
+    node_loss: NodeLossSpec = Field(
+        default_factory=NodeLossSpec,
+        description="What happens to workers whose node is lost.",
+        json_schema_extra={"default": {}},
+    )
+    success_policy: SuccessPolicy = Field(
+        default=SuccessPolicy.ALL,
+        description="`All`: the job succeeds when every worker's trainer exited 0. `Rank0`: "
+        "when rank 0's did.",
+    )
+    suspend: bool = Field(
+        default=False,
+        description="Suspend the job: its pods are deleted and none are created until false.",
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        default=None,
+        ge=0,
+        description="Delete the GangJob this long after it succeeded or failed. Unset: never.",
+    )
+    master_port: int = Field(
+        default=29500,
+        ge=1,
+        le=65535,
+        description="Port of the rendezvous on rank 0, given to workers as `MASTER_PORT`.",
+    )
+
+    @field_validator("template")
+    @classmethod
+    def _template_has_containers(cls, template: dict[str, Any]) -> dict[str, Any]:
+        _template_container_names(template)
+        return template
+
+    @model_validator(mode="after")
+    def _containers_named_exist(self) -> Self:
+        names = self.container_names
+        if self.trainer_container is not None and self.trainer_container not in names:
+            raise ValueError(
+                "trainerContainer must name a container of spec.template.spec.containers"
+            )
+        for index, rule in enumerate(self.failure_policy.rules):
+            exit_codes = rule.on_exit_codes
+            if exit_codes and exit_codes.container_name not in (None, *names):
+                raise ValueError(
+                    f"failurePolicy.rules[{index}].onExitCodes.containerName must name a "
+                    "container of spec.template.spec.containers"
+                )
+        return self
+
+    @property
+    def container_names(self) -> list[str]:
+        """Names of the template's containers, in order."""
+        return _template_container_names(self.template)
+
+    @property
+    def trainer_container_name(self) -> str:
+        """The container that runs training: `trainerContainer`, or the template's first."""
+        return self.trainer_container or self.container_names[0]
+
+
+# --- status ---------------------------------------------------------------------------------
+
+
+class WorkersStatus(_Model):
+    """Counts of the gang's workers."""
+
+    total: int = Field(default=0, ge=0, description="Workers that exist (pods of the gang).")
+    ready: int = Field(default=0, ge=0, description="Workers whose pod is Ready.")
+    arrived: int = Field(
+        default=0,
+        ge=0,
+        description="Workers that have arrived at `status.epoch` (their pod's "
+        "`gangjob.io/epoch` annotation).",
+    )
+
+
+class RestartCounts(_Model):
+    """Counts of the gang's restarts."""
+
+    total: int = Field(default=0, ge=0, description="Gang restarts so far (epoch bumps).")
+    counted: int = Field(
+        default=0, ge=0, description="Restarts that counted against `spec.restart.maxRestarts`."
+    )
+    in_place: int = Field(
+        default=0, ge=0, description="Restarts in which every worker restarted in place."
+    )
+    recreated_workers: int = Field(
+        default=0, ge=0, description="Workers recreated so far, over all restarts."
+    )
+
+
+class RestartTrigger(_Model):
+    """The failure that caused a restart."""
+
+    worker: int | None = Field(
+        default=None, ge=0, description="Rank of the worker that failed; unset if not one worker's."
+    )
+    failure_class: str = Field(
+        # Not `alias`: type checkers take that for the constructor's keyword, and `class` is
+        # not a usable keyword; the attribute name is what Python code passes.
+        validation_alias="class",
+        serialization_alias="class",
+        min_length=1,
+        description="Class of the failure, e.g. `ProcessExit`, `NodeLost`, `DeviceUnhealthy`.",
+    )
+    detail: str | None = Field(
+        default=None, description="What was observed, for humans (exit code, condition, node)."
+    )
+    action: FailureAction = Field(description="The action the failure policy chose.")
+
+
+class RestartRecord(_Model):
+    """One gang restart and how long it took."""
+
+    epoch: int = Field(ge=0, description="The epoch the gang restarted to.")
+    trigger: RestartTrigger = Field(description="The failure that caused the restart.")
+    detected_at: MicroTime = Field(
+        description="When the controller observed the failure and raised the epoch."
+    )
+    barrier_open_at: MicroTime | None = Field(
+        default=None,
+        description="When every worker had arrived and the barrier opened; unset while the "
+        "restart is in progress.",
+    )
+    duration_seconds: float | None = Field(
+        default=None, ge=0, description="`barrierOpenAt` - `detectedAt`, in seconds."
+    )
+    recreated: list[int] = Field(
+        default_factory=list, description="Ranks of the workers recreated by this restart."
+    )
+
+
+# metav1.Condition's validation, so that our conditions read like every other resource's.
+_CONDITION_TYPE_PATTERN: Final = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
+)
+_CONDITION_REASON_PATTERN: Final = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+
+
+class Condition(_Model):
+    """A condition of the GangJob (the shape of metav1.Condition)."""
+
+    type: str = Field(
+        max_length=316,
+        pattern=_CONDITION_TYPE_PATTERN,
+        description="Type of the condition: Ready, Restarting, Succeeded, Failed, Suspended, "
+        "ModeDegraded.",
+    )
+    status: ConditionStatus = Field(description="Status of the condition.")
+    observed_generation: int | None = Field(
+        default=None,
+        ge=0,
+        description="`metadata.generation` the condition was set for.",
+    )
+    last_transition_time: Time = Field(description="When the condition last changed status.")
+    reason: str = Field(
+        min_length=1,
+        max_length=1024,
+        pattern=_CONDITION_REASON_PATTERN,
+        description="CamelCase reason for the condition's last transition.",
+    )
+    message: str = Field(
+        default="", max_length=32768, description="Human-readable details of the transition."
+    )
+
+
+class GangJobStatus(_Model):
+    """The observed state of a GangJob, written by the controller."""
+
+    phase: Phase | None = Field(default=None, description="Phase of the job.")
+    epoch: int = Field(
+        default=0,
+        ge=0,
+        description="The gang's target epoch. Only the controller raises it, by one per gang "
+        "restart; workers below it stop and restart.",
+    )
+    barrier_epoch: int | None = Field(
+        default=None,
+        ge=0,
+        description="The epoch whose barrier is open: every worker has arrived at it and may "
+        "run. Unset until the first barrier opens.",
+    )
+    workers: WorkersStatus = Field(
+        default_factory=WorkersStatus, description="Counts of the gang's workers."
+    )
+    restarts: RestartCounts = Field(
+        default_factory=RestartCounts, description="Counts of the gang's restarts."
+    )
+    last_restart: RestartRecord | None = Field(
+        default=None, description="The latest gang restart, in progress or done."
+    )
+    history: list[RestartRecord] = Field(
+        default_factory=list,
+        max_length=HISTORY_LIMIT,
+        description=f"The last {HISTORY_LIMIT} gang restarts, oldest first.",
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Ready, Restarting, Succeeded, Failed, Suspended, ModeDegraded.",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["type"],
+        },
+    )
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="`metadata.generation` this status was computed for."
+    )
+    start_time: Time | None = Field(default=None, description="When the job first started running.")
+    completion_time: Time | None = Field(
+        default=None, description="When the job succeeded or failed."
+    )
+    mode: RestartMode | None = Field(
+        default=None,
+        description="The restart mode in effect: `spec.restart.mode`, or the mode fallen back "
+        "to when the cluster cannot honour it.",
+    )
+
+    def condition(self, type_: str) -> Condition | None:
+        """The condition of this type, if any."""
+        return next((c for c in self.conditions if c.type == type_), None)
+
+
+# --- the object -----------------------------------------------------------------------------
+
+
+class ObjectMeta(_Model):
+    """The parts of a GangJob's metadata the controller reads."""
+
+    name: str = Field(description="Name of the GangJob.")
+    namespace: str = Field(default="default", description="Namespace of the GangJob.")
+    uid: str | None = Field(default=None, description="UID, for owner references of worker pods.")
+    resource_version: str | None = Field(default=None, description="Resource version read.")
+    generation: int | None = Field(default=None, description="Generation of the spec.")
+    creation_timestamp: Time | None = Field(default=None, description="When it was created.")
+    deletion_timestamp: Time | None = Field(
+        default=None, description="When deletion was requested."
+    )
+    labels: dict[str, str] = Field(default_factory=dict, description="Labels.")
+    annotations: dict[str, str] = Field(default_factory=dict, description="Annotations.")
+
+
+class GangJob(_Model):
+    """A GangJob object as the API returns it."""
+
+    api_version: str = Field(default=API_VERSION, description="gangjob.io/v1alpha1")
+    kind: str = Field(default=KIND, description="GangJob")
+    metadata: ObjectMeta = Field(description="Standard object metadata (the parts we read).")
+    spec: GangJobSpec = Field(description="Desired state.")
+    status: GangJobStatus = Field(default_factory=GangJobStatus, description="Observed state.")
+
+
+def parse_gangjob(obj: Mapping[str, Any]) -> GangJob:
+    """A GangJob from the dict the API returns (camelCase); raises pydantic.ValidationError."""
+    return GangJob.model_validate(obj)
+
+
+def dump_gangjob(job: GangJob) -> dict[str, Any]:
+    """The GangJob as an API dict (camelCase, unset fields left out), e.g. to create it."""
+    return job.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def dump_status(status: GangJobStatus) -> dict[str, Any]:
+    """The status as an API dict (camelCase, unset fields left out), for a status write.
+
+    Fields that are None are left out, not sent as null: under a merge patch they keep their
+    old value, so clearing one needs an explicit null (or a full update of the status).
+    """
+    return status.model_dump(mode="json", by_alias=True, exclude_none=True)
