@@ -1,1 +1,2 @@
-"""Builds and runs a real local Kubernetes (etcd, apiserver, controller-manager, scheduler, KWOK, kubelet)."""
+"""Builds and runs a real local Kubernetes: etcd, apiserver, controller-manager, scheduler,
+KWOK and a real kubelet."""

@@ -1,0 +1,108 @@
+"""The `localcluster` command: build, up, down, status."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from localcluster import build as buildmod
+from localcluster.cluster import Cluster, ClusterError, Options, known_clusters
+from localcluster.versions import all_binaries, cache_root
+
+
+def _gates(spec: str) -> dict[str, bool]:
+    gates: dict[str, bool] = {}
+    for item in filter(None, spec.split(",")):
+        key, sep, val = item.partition("=")
+        if not sep or val not in ("true", "false"):
+            raise argparse.ArgumentTypeError(f"--feature-gates: {item!r} is not Name=true|false")
+        gates[key] = val == "true"
+    return gates
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="localcluster",
+        description="Build and run a real local Kubernetes (v1.36) for GangJob's tests and demos.",
+    )
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    b = sub.add_parser("build", help="build the pinned binaries that are missing from the cache")
+    b.add_argument("--force", action="store_true", help="rebuild even what is cached")
+
+    u = sub.add_parser("up", help="start a cluster (prints KUBECONFIG=<path> last)")
+    u.add_argument("--profile", choices=["sim", "node"], default="sim")
+    u.add_argument("--name", help="cluster name (default: the profile's name)")
+    u.add_argument("--nodes", type=int, default=3, help="KWOK nodes (sim profile)")
+    u.add_argument("--gpus-per-node", type=int, default=0, help="nvidia.com/gpu per KWOK node")
+    u.add_argument("--pods-per-node", type=int, default=250, help="pod capacity of a KWOK node")
+    u.add_argument("--feature-gates", type=_gates, default={}, help="e.g. Gate=false,Other=true")
+    u.add_argument("--scheduler-qps", type=int, help="raise the scheduler's client QPS")
+    u.add_argument(
+        "--node-monitor-grace-seconds",
+        type=int,
+        help="how long the node controller waits before marking a silent node NotReady",
+    )
+
+    d = sub.add_parser("down", help="stop a cluster and undo its changes to the host")
+    d.add_argument("--profile", choices=["sim", "node"], default="sim")
+    d.add_argument("--name", help="cluster name (default: the profile's name)")
+    d.add_argument("--all", action="store_true", help="every cluster that localcluster started")
+
+    s = sub.add_parser("status", help="say what runs")
+    s.add_argument("--json", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        if args.cmd == "build":
+            built = buildmod.build(sys.stderr, force=args.force)
+            for b in all_binaries():
+                print(f"{b.name:24} {b.version:8} {b.path}")
+            if not built:
+                print(f"all binaries cached in {cache_root()}", file=sys.stderr)
+            return 0
+        if args.cmd == "up":
+            cluster = Cluster(args.name or args.profile)
+            opts = Options(
+                profile=args.profile,
+                nodes=args.nodes if args.profile == "sim" else 1,
+                gpus_per_node=args.gpus_per_node,
+                pods_per_node=args.pods_per_node,
+                feature_gates=args.feature_gates,
+                scheduler_qps=args.scheduler_qps,
+                node_monitor_grace_seconds=args.node_monitor_grace_seconds,
+            )
+            kubeconfig = cluster.up(opts, sys.stderr)
+            print(f"KUBECONFIG={kubeconfig}")
+            return 0
+        if args.cmd == "down":
+            targets = known_clusters() if args.all else [Cluster(args.name or args.profile)]
+            for c in targets:
+                c.down(sys.stderr)
+            return 0
+        if args.cmd == "status":
+            info = [c.describe() for c in known_clusters()]
+            if args.json:
+                print(json.dumps(info, indent=2))
+            elif not info:
+                print("no local clusters")
+            for ci in [] if args.json else info:
+                state = "up" if ci["up"] else "down (partly running)"
+                print(f"{ci['name']:12} {ci['profile'] or '?':5} {state:22} {ci['apiserver']}")
+                for p in ci["processes"]:
+                    run = "running" if p["running"] else "exited"
+                    print(f"    {p['name']:24} pid {p['pid']:<8} {run}")
+                print(f"    KUBECONFIG={ci['kubeconfig']}")
+            return 0
+    except (ClusterError, buildmod.BuildError, OSError, RuntimeError) as e:
+        print(f"localcluster: {e}", file=sys.stderr)
+        return 1
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

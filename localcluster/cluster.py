@@ -1,0 +1,535 @@
+"""A named local cluster: its ports, files and processes, and bringing it up and down.
+
+Each cluster lives in ``${XDG_STATE_HOME:-~/.local/state}/gangjob/clusters/<name>/`` and owns a
+block of 20 loopback ports chosen from its name, so that clusters of different names (the
+user's ``sim``, the tests' ``test-sim``, a ``node`` profile) never share ports or state, and none
+uses the ports of a usual cluster (6443, 2379, 10250, ...). ``cluster.json`` records what ``up``
+started and changed; ``down`` stops exactly that and puts back what it changed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import ssl
+import sys
+import time
+import urllib.error
+import urllib.request
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TextIO
+
+from localcluster import build as buildmod
+from localcluster import pki
+from localcluster.procs import Proc, launch, stop, tail
+from localcluster.versions import binary, kwok_stages_path, state_root
+
+Profile = Literal["sim", "node"]
+
+# Fixed slots for the well-known names; any other name hashes to one of the remaining slots.
+WELL_KNOWN_SLOTS = {"sim": 0, "node": 1, "test-sim": 2, "test-node": 3}
+PORT_BASE = 21000  # below Linux's ephemeral range (32768+) and clear of the usual k8s ports
+PORTS_PER_SLOT = 20
+SLOTS = 50
+
+
+class ClusterError(RuntimeError):
+    """Something about the local cluster failed; the message says what and where to look."""
+
+
+def slot_of(name: str) -> int:
+    if name in WELL_KNOWN_SLOTS:
+        return WELL_KNOWN_SLOTS[name]
+    n = len(WELL_KNOWN_SLOTS)
+    return n + zlib.crc32(name.encode()) % (SLOTS - n)
+
+
+@dataclass(frozen=True)
+class Ports:
+    """The loopback ports of one cluster."""
+
+    slot: int
+
+    def _p(self, offset: int) -> int:
+        return PORT_BASE + self.slot * PORTS_PER_SLOT + offset
+
+    @property
+    def etcd(self) -> int:
+        return self._p(0)
+
+    @property
+    def etcd_peer(self) -> int:
+        return self._p(1)
+
+    @property
+    def apiserver(self) -> int:
+        return self._p(2)
+
+    @property
+    def controller_manager(self) -> int:
+        return self._p(3)
+
+    @property
+    def scheduler(self) -> int:
+        return self._p(4)
+
+    @property
+    def kwok(self) -> int:
+        return self._p(5)
+
+    @property
+    def kubelet(self) -> int:
+        return self._p(6)
+
+    @property
+    def kubelet_healthz(self) -> int:
+        return self._p(7)
+
+    @property
+    def containerd_stream(self) -> int:
+        return self._p(8)
+
+    @property
+    def apiserver_bridge(self) -> int:
+        return self._p(9)
+
+
+@dataclass
+class Options:
+    """What `up` was asked for."""
+
+    profile: Profile = "sim"
+    nodes: int = 3
+    gpus_per_node: int = 0
+    pods_per_node: int = 250
+    feature_gates: dict[str, bool] = field(default_factory=dict)
+    scheduler_qps: int | None = None
+    node_monitor_grace_seconds: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "profile": self.profile,
+            "nodes": self.nodes,
+            "gpus_per_node": self.gpus_per_node,
+            "pods_per_node": self.pods_per_node,
+            "feature_gates": self.feature_gates,
+            "scheduler_qps": self.scheduler_qps,
+            "node_monitor_grace_seconds": self.node_monitor_grace_seconds,
+        }
+
+
+class Cluster:
+    """One named local cluster."""
+
+    def __init__(self, name: str) -> None:
+        if not name or not all(c.isalnum() or c == "-" for c in name) or len(name) > 20:
+            raise ClusterError(f"cluster name {name!r}: use up to 20 letters, digits or '-'")
+        self.name = name
+        self.dir = state_root() / "clusters" / name
+        self.ports = Ports(slot_of(name))
+        self.pki = self.dir / "pki"
+        self.logs = self.dir / "logs"
+        self.state_file = self.dir / "cluster.json"
+
+    # ---- recorded state -------------------------------------------------------------------
+    @property
+    def kubeconfig(self) -> Path:
+        return self.dir / "admin.kubeconfig"
+
+    def load(self) -> dict[str, Any]:
+        try:
+            data: dict[str, Any] = json.loads(self.state_file.read_text())
+            return data
+        except (OSError, ValueError):
+            return {}
+
+    def save(self, state: dict[str, Any]) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.replace(self.state_file)
+
+    def procs(self) -> list[Proc]:
+        return [Proc.from_json(p) for p in self.load().get("processes", [])]
+
+    def _record(self, proc: Proc) -> None:
+        state = self.load()
+        state.setdefault("processes", []).append(proc.to_json())
+        self.save(state)
+
+    def is_up(self) -> bool:
+        state = self.load()
+        procs = self.procs()
+        return bool(state.get("ready")) and bool(procs) and all(p.alive() for p in procs)
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.ports.apiserver}"
+
+    # ---- talking to the apiserver without a client library --------------------------------
+    def _ssl(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
+        ctx.load_cert_chain(str(self.pki / "admin.crt"), str(self.pki / "admin.key"))
+        return ctx
+
+    def api(self, method: str, path: str, body: Any = None, timeout: float = 10.0) -> Any:
+        """One admin request to the apiserver; JSON in and out."""
+        data = None if body is None else json.dumps(body).encode()
+        ctype = "application/merge-patch+json" if method == "PATCH" else "application/json"
+        req = urllib.request.Request(self.server + path, data=data, method=method)
+        req.add_header("Content-Type", ctype)
+        req.add_header("Accept", "application/json")
+        with urllib.request.urlopen(req, context=self._ssl(), timeout=timeout) as resp:
+            raw = resp.read()
+        return json.loads(raw) if raw[:1] in (b"{", b"[") else raw.decode()
+
+    # ---- up / down ---------------------------------------------------------------------------
+    def up(self, opts: Options, out: TextIO = sys.stderr) -> Path:
+        """Starts the cluster (or finds it up) and returns the admin kubeconfig."""
+        if self.is_up():
+            prev = self.load().get("options", {}).get("profile")
+            if prev != opts.profile:
+                raise ClusterError(
+                    f"cluster {self.name!r} is up with profile {prev!r}, not {opts.profile!r}; "
+                    f"run `localcluster down --name {self.name}` first"
+                )
+            return self.kubeconfig
+        if self.procs():
+            out.write(f"cluster {self.name!r} is partly up; stopping what is left of it\n")
+            self.down(out)
+        t0 = time.monotonic()
+        buildmod.build(out)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.save({"name": self.name, "options": opts.to_json(), "processes": [], "ready": False})
+        try:
+            self._start(opts, out)
+        except BaseException:
+            out.write(f"cluster {self.name!r} failed to come up; stopping what started\n")
+            self.down(out)
+            raise
+        state = self.load()
+        state["ready"] = True
+        state["up_seconds"] = round(time.monotonic() - t0, 1)
+        self.save(state)
+        out.write(f"cluster {self.name!r} ({opts.profile}) up in {state['up_seconds']}s\n")
+        return self.kubeconfig
+
+    def down(self, out: TextIO = sys.stderr) -> list[str]:
+        """Stops what `up` recorded, newest first, and undoes its changes to the host."""
+        from localcluster import node as nodemod
+
+        state = self.load()
+        if not state:
+            return []
+        stopped: list[str] = []
+        if state.get("options", {}).get("profile") == "node":
+            nodemod.teardown(self, out)
+        for proc in reversed(self.procs()):
+            if stop(proc):
+                stopped.append(proc.name)
+        if state.get("options", {}).get("profile") == "node":
+            nodemod.restore_host(self, out)
+        # A fresh etcd each time: a later `up` must not inherit objects from this run.
+        shutil.rmtree(self.dir / "etcd", ignore_errors=True)
+        self.state_file.unlink(missing_ok=True)
+        if stopped:
+            out.write(f"cluster {self.name!r}: stopped {', '.join(stopped)}\n")
+        return stopped
+
+    def describe(self) -> dict[str, Any]:
+        state = self.load()
+        return {
+            "name": self.name,
+            "profile": state.get("options", {}).get("profile"),
+            "up": self.is_up(),
+            "kubeconfig": str(self.kubeconfig),
+            "apiserver": self.server,
+            "processes": [
+                {"name": p.name, "pid": p.pid, "running": p.alive()} for p in self.procs()
+            ],
+        }
+
+    def _start(self, opts: Options, out: TextIO) -> None:
+        from localcluster import node as nodemod  # the node profile's host setup
+
+        node_name = nodemod.NODE_NAME if opts.profile == "node" else None
+        bridge = nodemod.Bridge.for_slot(self.ports.slot) if opts.profile == "node" else None
+        node_ip = bridge.gateway if bridge else None
+        pki.ensure_pki(self.pki, [node_ip] if node_ip else [], node_name, node_ip)
+        for ident in pki.client_identities(node_name):
+            pki.write_kubeconfig(
+                self.dir / f"{ident.stem}.kubeconfig", self.pki, self.server, ident.stem, ident.cn
+            )
+        gates = ",".join(f"{k}={'true' if v else 'false'}" for k, v in opts.feature_gates.items())
+        gate_flags = [f"--feature-gates={gates}"] if gates else []
+
+        out.write(f"starting etcd on 127.0.0.1:{self.ports.etcd}\n")
+        self._launch("etcd", self._etcd_cmd())
+        self._wait(
+            "etcd", lambda: _http_ok(f"http://127.0.0.1:{self.ports.etcd}/health"), 30, "etcd"
+        )
+        out.write(f"starting kube-apiserver on 127.0.0.1:{self.ports.apiserver}\n")
+        self._launch("kube-apiserver", self._apiserver_cmd(gate_flags))
+        self._wait("kube-apiserver /readyz", self._readyz, 90, "kube-apiserver")
+        out.write("starting kube-controller-manager and kube-scheduler\n")
+        self._launch("kube-controller-manager", self._kcm_cmd(gate_flags, opts))
+        self._launch("kube-scheduler", self._scheduler_cmd(gate_flags, opts))
+        if opts.profile == "sim":
+            self._launch("kwok", self._kwok_cmd())
+            self._create_kwok_nodes(opts)
+            self._wait(
+                f"{opts.nodes} Ready nodes",
+                lambda: self.ready_nodes() >= opts.nodes,
+                60 + opts.nodes // 10,
+                "kwok",
+                out,
+            )
+        else:
+            assert bridge is not None
+            nodemod.start_node(self, bridge, gate_flags, out)
+        # The default ServiceAccount is what pods run as; wait for its controller so that the
+        # first pod a test creates is not refused.
+        self._wait(
+            "default ServiceAccount",
+            lambda: self._exists("/api/v1/namespaces/default/serviceaccounts/default"),
+            60,
+            "kube-controller-manager",
+        )
+
+    def _launch(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> Proc:
+        proc = launch(name, cmd, self.logs / f"{name}.log", env=env)
+        self._record(proc)
+        return proc
+
+    def _wait(
+        self,
+        what: str,
+        ok: Callable[[], bool],
+        timeout: float,
+        component: str,
+        out: TextIO | None = None,
+    ) -> None:
+        deadline = time.monotonic() + timeout
+        last_note = time.monotonic()
+        while True:
+            try:
+                if ok():
+                    return
+            except (OSError, ValueError, urllib.error.URLError):
+                pass
+            dead = [p for p in self.procs() if not p.alive()]
+            if dead:
+                raise ClusterError(
+                    f"{dead[0].name} exited while waiting for {what}; last lines of "
+                    f"{dead[0].log}:\n{tail(dead[0].log)}"
+                )
+            if time.monotonic() > deadline:
+                log = self.logs / f"{component}.log"
+                raise ClusterError(
+                    f"timed out after {timeout:.0f}s waiting for {what}; last lines of "
+                    f"{log}:\n{tail(log)}"
+                )
+            if out is not None and time.monotonic() - last_note > 10:
+                out.write(f"  ... still waiting for {what}\n")
+                last_note = time.monotonic()
+            time.sleep(0.25)
+
+    def _readyz(self) -> bool:
+        return bool(self.api("GET", "/readyz", timeout=3) == "ok")
+
+    def _exists(self, path: str) -> bool:
+        try:
+            self.api("GET", path, timeout=3)
+            return True
+        except urllib.error.HTTPError as e:
+            if e.code == 404:
+                return False
+            raise
+
+    def ready_nodes(self) -> int:
+        nodes = self.api("GET", "/api/v1/nodes")["items"]
+        return sum(
+            1
+            for n in nodes
+            for c in n.get("status", {}).get("conditions", [])
+            if c["type"] == "Ready" and c["status"] == "True"
+        )
+
+    # ---- component command lines ----------------------------------------------------------
+    def _etcd_cmd(self) -> list[str]:
+        p = self.ports
+        return [
+            str(binary("etcd").path),
+            f"--name={self.name}",
+            f"--data-dir={self.dir / 'etcd'}",
+            f"--listen-client-urls=http://127.0.0.1:{p.etcd}",
+            f"--advertise-client-urls=http://127.0.0.1:{p.etcd}",
+            f"--listen-peer-urls=http://127.0.0.1:{p.etcd_peer}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{p.etcd_peer}",
+            f"--initial-cluster={self.name}=http://127.0.0.1:{p.etcd_peer}",
+            "--listen-metrics-urls=",
+            "--quota-backend-bytes=8589934592",
+            # Tests and benchmarks write fast and throw the data away: fewer fsyncs.
+            "--unsafe-no-fsync=true",
+            "--log-level=warn",
+        ]
+
+    def _apiserver_cmd(self, gate_flags: list[str]) -> list[str]:
+        k = self.pki
+        return [
+            str(binary("kube-apiserver").path),
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={self.ports.apiserver}",
+            f"--etcd-servers=http://127.0.0.1:{self.ports.etcd}",
+            "--authorization-mode=Node,RBAC",
+            f"--client-ca-file={k / 'ca.crt'}",
+            f"--tls-cert-file={k / 'apiserver.crt'}",
+            f"--tls-private-key-file={k / 'apiserver.key'}",
+            f"--kubelet-client-certificate={k / 'apiserver-kubelet-client.crt'}",
+            f"--kubelet-client-key={k / 'apiserver-kubelet-client.key'}",
+            f"--kubelet-certificate-authority={k / 'ca.crt'}",
+            "--kubelet-preferred-address-types=InternalIP",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={k / 'sa.pub'}",
+            f"--service-account-signing-key-file={k / 'sa.key'}",
+            "--service-cluster-ip-range=10.96.0.0/16",
+            # The Endpoints API refuses a loopback address; nothing here needs the endpoints.
+            "--endpoint-reconciler-type=none",
+            f"--requestheader-client-ca-file={k / 'front-proxy-ca.crt'}",
+            "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-username-headers=X-Remote-User",
+            f"--proxy-client-cert-file={k / 'front-proxy-client.crt'}",
+            f"--proxy-client-key-file={k / 'front-proxy-client.key'}",
+            "--allow-privileged=true",
+            "--profiling=false",
+            "--event-ttl=1h",
+            "--v=1",
+            *gate_flags,
+        ]
+
+    def _component_auth(self, stem: str) -> list[str]:
+        kc = self.dir / f"{stem}.kubeconfig"
+        return [
+            f"--kubeconfig={kc}",
+            f"--authentication-kubeconfig={kc}",
+            f"--authorization-kubeconfig={kc}",
+            "--bind-address=127.0.0.1",
+            "--leader-elect=false",
+            "--profiling=false",
+        ]
+
+    def _kcm_cmd(self, gate_flags: list[str], opts: Options) -> list[str]:
+        k = self.pki
+        cmd = [
+            str(binary("kube-controller-manager").path),
+            *self._component_auth("controller-manager"),
+            f"--secure-port={self.ports.controller_manager}",
+            f"--root-ca-file={k / 'ca.crt'}",
+            f"--service-account-private-key-file={k / 'sa.key'}",
+            "--use-service-account-credentials=true",
+            f"--cluster-signing-cert-file={k / 'ca.crt'}",
+            f"--cluster-signing-key-file={k / 'ca.key'}",
+            "--allocate-node-cidrs=false",
+            "--v=1",
+            *gate_flags,
+        ]
+        if opts.node_monitor_grace_seconds is not None:
+            cmd.append(f"--node-monitor-grace-period={opts.node_monitor_grace_seconds}s")
+        return cmd
+
+    def _scheduler_cmd(self, gate_flags: list[str], opts: Options) -> list[str]:
+        cmd = [
+            str(binary("kube-scheduler").path),
+            *self._component_auth("scheduler"),
+            f"--secure-port={self.ports.scheduler}",
+            "--v=1",
+            *gate_flags,
+        ]
+        if opts.scheduler_qps:
+            cmd += [
+                f"--kube-api-qps={opts.scheduler_qps}",
+                f"--kube-api-burst={2 * opts.scheduler_qps}",
+            ]
+        return cmd
+
+    def _kwok_cmd(self) -> list[str]:
+        return [
+            str(binary("kwok").path),
+            f"--kubeconfig={self.dir / 'kwok.kubeconfig'}",
+            f"--config={kwok_stages_path()}",
+            "--manage-all-nodes=false",
+            "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+            "--manage-nodes-with-label-selector=",
+            "--disregard-status-with-annotation-selector=kwok.x-k8s.io/status=custom",
+            "--disregard-status-with-label-selector=",
+            "--node-lease-duration-seconds=40",
+            "--cidr=10.240.0.0/16",
+            "--node-ip=10.239.0.1",
+            f"--server-address=127.0.0.1:{self.ports.kwok}",
+            "--enable-crds=",
+        ]
+
+    def _create_kwok_nodes(self, opts: Options) -> None:
+        existing = {n["metadata"]["name"] for n in self.api("GET", "/api/v1/nodes")["items"]}
+        for i in range(opts.nodes):
+            name = f"kwok-node-{i}"
+            if name not in existing:
+                self.api("POST", "/api/v1/nodes", kwok_node(name, opts))
+
+
+def kwok_node(name: str, opts: Options) -> dict[str, Any]:
+    """A simulated node that declares the features GangJob's pods require."""
+    resources: dict[str, str] = {
+        "cpu": "64",
+        "memory": "512Gi",
+        "pods": str(opts.pods_per_node),
+        "ephemeral-storage": "1Ti",
+    }
+    if opts.gpus_per_node:
+        resources["nvidia.com/gpu"] = str(opts.gpus_per_node)
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "type": "kwok",
+            },
+        },
+        "status": {
+            "allocatable": resources,
+            "capacity": dict(resources),
+            # Pods with a RestartAllContainers rule schedule only onto nodes declaring it.
+            "declaredFeatures": ["RestartAllContainersOnContainerExits"],
+            "nodeInfo": {
+                "architecture": "amd64",
+                "operatingSystem": "linux",
+                "kubeletVersion": "v1.36.2",
+                "kernelVersion": "kwok",
+                "osImage": "kwok",
+                "containerRuntimeVersion": "kwok",
+            },
+        },
+    }
+
+
+def _http_ok(url: str) -> bool:
+    with urllib.request.urlopen(url, timeout=2) as resp:
+        return bool(resp.status == 200)
+
+
+def known_clusters() -> list[Cluster]:
+    root = state_root() / "clusters"
+    if not root.is_dir():
+        return []
+    return [Cluster(d.name) for d in sorted(root.iterdir()) if (d / "cluster.json").exists()]

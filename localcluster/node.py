@@ -1,0 +1,402 @@
+"""The `node` profile: one real kubelet with containerd, runc and CNI on this machine.
+
+Everything it creates is named after the cluster and recorded in its ``cluster.json`` so that
+``down`` removes exactly that: a Linux bridge for the pod network (no default route and no
+masquerade in pods, so nothing leaves the machine), containerd with its own root, state and
+socket, the kubelet with its own root dir and cgroup root, and the images it imports. Measured
+facts behind the settings are in ../shared/LOCALCLUSTER.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import urllib.error
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+import yaml
+
+from localcluster import images
+from localcluster.procs import tail
+from localcluster.versions import binary, cache_root
+
+if TYPE_CHECKING:
+    from localcluster.cluster import Cluster
+
+NODE_NAME = "gangjob-node"
+CNI_BIN = Path("/usr/lib/cni")
+# Debian package -> a file that shows it is installed.
+PACKAGES = {
+    "containerd": Path("/usr/bin/containerd"),
+    "runc": Path("/usr/sbin/runc"),
+    "containernetworking-plugins": CNI_BIN / "bridge",
+    "busybox-static": Path("/bin/busybox"),
+    "iproute2": Path("/usr/sbin/ip"),
+}
+
+
+class NodeError(RuntimeError):
+    """The real node could not be set up; the message says why."""
+
+
+@dataclass(frozen=True)
+class Bridge:
+    """The pod network of one cluster: a bridge and a /16 that exist only on this machine."""
+
+    name: str
+    subnet: str
+    gateway: str
+
+    @staticmethod
+    def for_slot(slot: int) -> Bridge:
+        return Bridge(f"gjbr{slot}", f"10.{80 + slot}.0.0/16", f"10.{80 + slot}.0.1")
+
+
+def _run(cmd: list[str], check: bool = True, **kw: Any) -> subprocess.CompletedProcess[str]:
+    res = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if check and res.returncode != 0:
+        raise NodeError(f"`{' '.join(cmd)}` failed ({res.returncode}): {res.stderr.strip()}")
+    return res
+
+
+def ensure_packages(out: TextIO) -> None:
+    """Installs the Debian packages a real node needs, when missing."""
+    if os.geteuid() != 0:
+        raise NodeError("the node profile runs containerd and a kubelet: it needs root")
+    missing = [pkg for pkg, path in PACKAGES.items() if not path.exists()]
+    if not missing:
+        return
+    out.write(f"installing Debian packages: {' '.join(missing)}\n")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    # Keep the packages' own service scripts from starting a system containerd.
+    policy = Path("/usr/sbin/policy-rc.d")
+    had_policy = policy.exists()
+    if not had_policy:
+        policy.write_text("#!/bin/sh\nexit 101\n")
+        policy.chmod(0o755)
+    try:
+        _run(["apt-get", "update", "-q"], env=env)
+        _run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing], env=env)
+    finally:
+        if not had_policy:
+            policy.unlink(missing_ok=True)
+    still = [pkg for pkg, path in PACKAGES.items() if not path.exists()]
+    if still:
+        raise NodeError(f"packages still missing after apt-get install: {still}")
+
+
+# ---- images ------------------------------------------------------------------------------
+def image_specs() -> list[images.ImageSpec]:
+    """The images every node gets; later issues add the agent and trainer images here."""
+    return [images.pause_image(), images.busybox_image()]
+
+
+def import_images(cluster: Cluster, sock: Path, out: TextIO) -> None:
+    for spec in image_specs():
+        archive = cache_root() / "images" / (spec.name.replace("/", "_").replace(":", "_") + ".tar")
+        images.write_oci_archive(spec, archive)
+        ctr = ["ctr", "--address", str(sock), "--namespace", "k8s.io"]
+        _run([*ctr, "images", "import", "--no-unpack", str(archive)])
+        # Unpack for the snapshotter the CRI uses, so the first container starts at once.
+        _run([*ctr, "images", "unpack", "--snapshotter", "overlayfs", spec.name], check=False)
+        out.write(f"  imported {spec.name}\n")
+
+
+# ---- host network ------------------------------------------------------------------------
+def _ip_forward() -> str:
+    return Path("/proc/sys/net/ipv4/ip_forward").read_text().strip()
+
+
+def setup_bridge(bridge: Bridge) -> None:
+    if _run(["ip", "link", "show", bridge.name], check=False).returncode != 0:
+        _run(["ip", "link", "add", bridge.name, "type", "bridge"])
+    prefix = bridge.subnet.split("/")[1]
+    addrs = _run(["ip", "-4", "addr", "show", "dev", bridge.name]).stdout
+    if f"{bridge.gateway}/" not in addrs:
+        _run(["ip", "addr", "add", f"{bridge.gateway}/{prefix}", "dev", bridge.name])
+    _run(["ip", "link", "set", bridge.name, "up"])
+
+
+def cni_config(cluster: Cluster, bridge: Bridge) -> dict[str, Any]:
+    return {
+        "cniVersion": "0.4.0",
+        "name": f"gangjob-{cluster.name}",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": bridge.name,
+                # The bridge already has the gateway address (we set it); leaving the plugin
+                # out of the gateway business also keeps it from switching on ip_forward.
+                "isGateway": False,
+                "ipMasq": False,
+                "hairpinMode": True,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": bridge.subnet, "gateway": bridge.gateway}]],
+                    "routes": [],
+                    "dataDir": str(cluster.dir / "cni" / "ipam"),
+                },
+            },
+            {"type": "portmap", "capabilities": {"portMappings": True}, "snat": False},
+        ],
+    }
+
+
+# ---- containerd --------------------------------------------------------------------------
+def containerd_config(cluster: Cluster) -> str:
+    d = cluster.dir / "containerd"
+    cri = 'plugins."io.containerd.grpc.v1.cri"'
+    return f"""version = 2
+root = "{d / "root"}"
+state = "{d / "state"}"
+oom_score = 0
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
+
+[grpc]
+  address = "{d / "containerd.sock"}"
+
+[ttrpc]
+  address = "{d / "containerd.sock.ttrpc"}"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{d / "opt"}"
+
+[{cri}]
+  sandbox_image = "localhost/pause:dev"
+  # root here lacks CAP_SYS_RESOURCE: don't try to lower the OOM score of containers.
+  restrict_oom_score_adj = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "{cluster.ports.containerd_stream}"
+  enable_selinux = false
+  max_container_log_line_size = 16384
+
+[{cri}.containerd]
+  snapshotter = "overlayfs"
+  default_runtime_name = "runc"
+
+[{cri}.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+
+[{cri}.containerd.runtimes.runc.options]
+  # PID 1 is not systemd here: cgroupfs, as the kubelet is told too.
+  SystemdCgroup = false
+
+[{cri}.cni]
+  bin_dir = "{CNI_BIN}"
+  conf_dir = "{cluster.dir / "cni" / "net.d"}"
+"""
+
+
+def containerd_sock(cluster: Cluster) -> Path:
+    return cluster.dir / "containerd" / "containerd.sock"
+
+
+# ---- kubelet -----------------------------------------------------------------------------
+def cgroup_root(cluster: Cluster) -> str:
+    return f"/gangjob-{cluster.name}"
+
+
+def kubelet_config(cluster: Cluster, bridge: Bridge, gates: dict[str, bool]) -> dict[str, Any]:
+    k = cluster.pki
+    cfg: dict[str, Any] = {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "address": bridge.gateway,
+        "port": cluster.ports.kubelet,
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": cluster.ports.kubelet_healthz,
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": True},
+            "x509": {"clientCAFile": str(k / "ca.crt")},
+        },
+        "authorization": {"mode": "Webhook"},
+        "tlsCertFile": str(k / "kubelet-serving.crt"),
+        "tlsPrivateKeyFile": str(k / "kubelet-serving.key"),
+        "containerRuntimeEndpoint": f"unix://{containerd_sock(cluster)}",
+        "cgroupDriver": "cgroupfs",
+        # Every pod of this cluster lives under one cgroup: `down` finds its leftovers there.
+        "cgroupRoot": cgroup_root(cluster),
+        "failCgroupV1": False,
+        "failSwapOn": False,
+        "makeIPTablesUtilChains": False,
+        # Local images cannot be pulled again: never garbage-collect them.
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "evictionHard": {
+            "memory.available": "100Mi",
+            "nodefs.available": "1%",
+            "imagefs.available": "1%",
+            "nodefs.inodesFree": "1%",
+        },
+        "podLogsDir": str(cluster.dir / "pod-logs"),
+        "clusterDomain": "cluster.local",
+        "serializeImagePulls": False,
+        "registerNode": True,
+        "protectKernelDefaults": False,
+        "localStorageCapacityIsolation": True,
+    }
+    if gates:
+        cfg["featureGates"] = gates
+    return cfg
+
+
+def start_node(cluster: Cluster, bridge: Bridge, gate_flags: list[str], out: TextIO) -> None:
+    ensure_packages(out)
+    state = cluster.load()
+    host = state.setdefault("host", {})
+    host["ip_forward"] = _ip_forward()
+    host["bridge"] = bridge.name
+    host["cgroup_root"] = cgroup_root(cluster)
+    cluster.save(state)
+    setup_bridge(bridge)
+    netd = cluster.dir / "cni" / "net.d"
+    netd.mkdir(parents=True, exist_ok=True)
+    (netd / "10-gangjob.conflist").write_text(json.dumps(cni_config(cluster, bridge), indent=2))
+
+    cd = cluster.dir / "containerd"
+    cd.mkdir(parents=True, exist_ok=True)
+    (cd / "config.toml").write_text(containerd_config(cluster))
+    out.write("starting containerd\n")
+    env = dict(os.environ, PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    cluster._launch("containerd", ["containerd", "--config", str(cd / "config.toml")], env=env)
+    sock = containerd_sock(cluster)
+    ctr = ["ctr", "--address", str(sock), "version"]
+    cluster._wait("containerd", lambda: _run(ctr, check=False).returncode == 0, 30, "containerd")
+    import_images(cluster, sock, out)
+
+    gates = {}
+    for flag in gate_flags:
+        for kv in flag.split("=", 1)[1].split(","):
+            key, val = kv.split("=")
+            gates[key] = val == "true"
+    kdir = cluster.dir / "kubelet"
+    kdir.mkdir(parents=True, exist_ok=True)
+    (cluster.dir / "kubelet-config.yaml").write_text(
+        yaml.safe_dump(kubelet_config(cluster, bridge, gates), sort_keys=False)
+    )
+    out.write(f"starting kubelet (node {NODE_NAME}, {bridge.gateway})\n")
+    cluster._launch(
+        "kubelet",
+        [
+            str(binary("kubelet").path),
+            f"--config={cluster.dir / 'kubelet-config.yaml'}",
+            f"--kubeconfig={cluster.dir / 'kubelet.kubeconfig'}",
+            f"--root-dir={kdir}",
+            f"--cert-dir={kdir / 'pki'}",
+            f"--node-ip={bridge.gateway}",
+            f"--hostname-override={NODE_NAME}",
+            "--v=1",
+        ],
+        env=env,
+    )
+    cluster._wait("the node to be Ready", lambda: cluster.ready_nodes() >= 1, 90, "kubelet", out)
+
+
+# ---- teardown ----------------------------------------------------------------------------
+def teardown(cluster: Cluster, out: TextIO) -> None:
+    """While the cluster still runs: let the kubelet remove every pod, so containerd tears
+    down their sandboxes, network namespaces and mounts the regular way."""
+    try:
+        pods = cluster.api("GET", "/api/v1/pods", timeout=5)["items"]
+    except (OSError, urllib.error.URLError, ValueError):
+        return  # the apiserver is gone already; restore_host cleans up by force
+    for p in pods:
+        ns, name = p["metadata"]["namespace"], p["metadata"]["name"]
+        with contextlib.suppress(OSError, urllib.error.URLError):
+            cluster.api(
+                "DELETE",
+                f"/api/v1/namespaces/{ns}/pods/{name}",
+                {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0},
+                timeout=5,
+            )
+    sock = containerd_sock(cluster)
+    if not sock.exists():
+        return
+    ctr = ["ctr", "--address", str(sock), "--namespace", "k8s.io"]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        left = _run([*ctr, "containers", "ls", "-q"], check=False).stdout.split()
+        if not left:
+            return
+        time.sleep(0.5)
+    out.write(f"  {len(left)} containers still present after 30s; removing them by force\n")
+
+
+def _kill_cgroup_tree(root: str) -> None:
+    """SIGKILLs every process left in the cluster's cgroup tree and removes the cgroups."""
+    base = Path("/sys/fs/cgroup")
+    hierarchies = [h for h in base.iterdir() if (h / root.lstrip("/")).is_dir()]
+    for h in hierarchies:
+        for procs in (h / root.lstrip("/")).rglob("cgroup.procs"):
+            for pid in procs.read_text().split():
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid), signal.SIGKILL)
+    for h in hierarchies:
+        dirs = sorted(
+            (p for p in (h / root.lstrip("/")).rglob("*") if p.is_dir()),
+            key=lambda p: len(p.parts),
+            reverse=True,
+        )
+        for d in [*dirs, h / root.lstrip("/")]:
+            for _ in range(20):
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.05)
+
+
+def _kill_shims(sock: Path) -> None:
+    """containerd-shim processes re-parent to init; ours name our socket on their command line."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if cmdline and b"containerd-shim" in cmdline[0] and str(sock).encode() in cmdline:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(proc.name), signal.SIGKILL)
+
+
+def _unmount_under(prefixes: list[str]) -> None:
+    mounts = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        mp = line.split()[4].replace("\\040", " ")
+        if any(mp == p or mp.startswith(p.rstrip("/") + "/") for p in prefixes):
+            mounts.append(mp)
+    for mp in sorted(set(mounts), key=len, reverse=True):
+        _run(["umount", "-l", mp], check=False)
+
+
+def restore_host(cluster: Cluster, out: TextIO) -> None:
+    """After the processes are stopped: remove leftovers and put back what `up` changed."""
+    host = cluster.load().get("host", {})
+    _kill_shims(containerd_sock(cluster))
+    if host.get("cgroup_root"):
+        _kill_cgroup_tree(host["cgroup_root"])
+    _unmount_under([str(cluster.dir)])
+    if host.get("bridge"):
+        _run(["ip", "link", "delete", host["bridge"]], check=False)
+    if host.get("ip_forward") is not None and _ip_forward() != host["ip_forward"]:
+        Path("/proc/sys/net/ipv4/ip_forward").write_text(host["ip_forward"] + "\n")
+    for sub in ("containerd", "kubelet", "cni", "pod-logs"):
+        shutil.rmtree(cluster.dir / sub, ignore_errors=True)
+    out.write(f"cluster {cluster.name!r}: node removed (bridge {host.get('bridge')})\n")
+
+
+__all__ = ["NODE_NAME", "Bridge", "restore_host", "start_node", "tail", "teardown"]
