@@ -17,7 +17,7 @@ import logging
 import os
 import random
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, NamedTuple, Self
@@ -547,7 +547,7 @@ class Kube:
         timeout_seconds: int = 300,
         inactivity_timeout: float = 90.0,
         max_failures: int = 5,
-    ) -> AsyncIterator[WatchEvent]:
+    ) -> AsyncGenerator[WatchEvent, None]:
         """Events from `resource_version` on, across server-side timeouts and broken streams.
 
         Raises `Gone` when that resourceVersion is no longer served: list again. Raises the
