@@ -37,6 +37,7 @@ from controller import metrics
 
 __all__ = [
     "CORE_EVENTS",
+    "CRDS",
     "EVENTS",
     "GANGJOBS",
     "LEASES",
@@ -117,6 +118,9 @@ CORE_EVENTS = ResourceKind("", "v1", "events", "Event")
 EVENTS = ResourceKind("events.k8s.io", "v1", "events", "Event")
 LEASES = ResourceKind("coordination.k8s.io", "v1", "leases", "Lease")
 GANGJOBS = ResourceKind("gangjob.io", "v1alpha1", "gangjobs", "GangJob")
+CRDS = ResourceKind(
+    "apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False
+)
 
 
 # -- errors -------------------------------------------------------------------------------------

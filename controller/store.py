@@ -103,7 +103,7 @@ class StoreEvent:
 class EventHandler(Protocol):
     """Called synchronously for each change; it should only enqueue keys."""
 
-    def __call__(self, event: StoreEvent) -> None: ...
+    def __call__(self, event: StoreEvent, /) -> None: ...
 
 
 class Store:

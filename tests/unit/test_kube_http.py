@@ -26,6 +26,7 @@ from controller.kube import (
     Kube,
     NotFound,
     RetryPolicy,
+    TransportError,
     WatchEvent,
     error_from_response,
 )
@@ -260,3 +261,14 @@ async def test_watch_of_a_missing_resource_is_not_found() -> None:
         with pytest.raises(NotFound):
             async for _ in kube.watch(GANGJOBS):
                 pass
+
+
+async def test_connection_refused_is_a_bounded_transport_error() -> None:
+    config = Configuration(host="http://127.0.0.1:9")  # discard port: nothing listens
+    policy = RetryPolicy(attempts=3, initial_backoff=0.001, max_backoff=0.002)
+    async with Kube(ApiClient(config), request_timeout=2, retry=policy) as kube:
+        with pytest.raises(TransportError):
+            await kube.get(PODS, "p", "ns")
+    assert metrics.REGISTRY.get_sample_value(
+        "rest_client_requests_total", {"code": "<error>", "method": "GET", "resource": "pods"}
+    )

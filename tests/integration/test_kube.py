@@ -1,0 +1,284 @@
+"""kube.py, store.py and leader.py against a real apiserver (the local `sim` cluster)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import pathlib
+from collections.abc import AsyncIterator
+
+import pytest
+import yaml
+
+from controller import metrics
+from controller.kube import (
+    CRDS,
+    GANGJOBS,
+    LEASES,
+    NAMESPACES,
+    PODS,
+    AlreadyExists,
+    Conflict,
+    Gone,
+    Invalid,
+    JsonDict,
+    Kube,
+    NotFound,
+    WatchEvent,
+)
+from controller.leader import LeaderElectionConfig, LeaderElector
+from controller.store import BY_GANGJOB, Store, StoreEvent, gangjob_index
+
+pytestmark = pytest.mark.integration
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+DEADLINE = 30.0
+
+
+@pytest.fixture
+async def kube(sim_kubeconfig: pathlib.Path, namespace: str) -> AsyncIterator[Kube]:
+    async with await Kube.from_kubeconfig(sim_kubeconfig, request_timeout=10) as client:
+        # The fixture promises a fresh name; create it unless the fixture already did.
+        with contextlib.suppress(AlreadyExists):
+            await client.create(NAMESPACES, {"metadata": {"name": namespace}})
+        yield client
+
+
+def pod_manifest(name: str, **labels: str) -> JsonDict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"containers": [{"name": "main", "image": "registry.invalid/trainer:1"}]},
+    }
+
+
+async def next_event(
+    stream: AsyncIterator[WatchEvent], *, skip_bookmarks: bool = True
+) -> WatchEvent:
+    async with asyncio.timeout(DEADLINE):
+        async for event in stream:
+            if skip_bookmarks and event.type == "BOOKMARK":
+                continue
+            return event
+    raise AssertionError("watch ended")
+
+
+async def test_pod_crud_and_error_types(kube: Kube, namespace: str) -> None:
+    created = await kube.create(PODS, pod_manifest("w-0", app="x"), namespace)
+    uid = created["metadata"]["uid"]
+    assert created["metadata"]["namespace"] == namespace
+
+    with pytest.raises(AlreadyExists):
+        await kube.create(PODS, pod_manifest("w-0"), namespace)
+
+    got = await kube.get(PODS, "w-0", namespace)
+    assert got["metadata"]["uid"] == uid
+
+    patched = await kube.patch(
+        PODS, "w-0", {"metadata": {"annotations": {"gangjob.io/epoch": "1"}}}, namespace
+    )
+    assert patched["metadata"]["annotations"]["gangjob.io/epoch"] == "1"
+    assert patched["metadata"]["labels"] == {"app": "x"}, "a merge-patch keeps other fields"
+
+    stale = created["metadata"]["resourceVersion"]
+    with pytest.raises(Conflict):
+        await kube.patch(
+            PODS,
+            "w-0",
+            {"metadata": {"resourceVersion": stale, "labels": {"app": "y"}}},
+            namespace,
+        )
+
+    with pytest.raises(Invalid) as invalid:
+        await kube.create(
+            PODS,
+            {"metadata": {"name": "bad"}, "spec": {"containers": [{"name": "Main_1"}]}},
+            namespace,
+        )
+    assert "spec.containers[0]" in invalid.value.message
+
+    with pytest.raises(Conflict, match=r"[Pp]recondition"):
+        await kube.delete(PODS, "w-0", namespace, grace_period_seconds=0, uid="not-the-uid")
+    await kube.delete(PODS, "w-0", namespace, grace_period_seconds=0, uid=uid)
+    with pytest.raises(NotFound):
+        await kube.get(PODS, "w-0", namespace)
+    with pytest.raises(NotFound):
+        await kube.delete(PODS, "w-0", namespace)
+
+    assert metrics.REGISTRY.get_sample_value(
+        "rest_client_requests_total", {"code": "409", "method": "PATCH", "resource": "pods"}
+    )
+
+
+async def test_list_then_watch_from_its_resource_version(kube: Kube, namespace: str) -> None:
+    await kube.create(PODS, pod_manifest("before"), namespace)
+    listed = await kube.list(PODS, namespace, page_size=1)
+    assert [p["metadata"]["name"] for p in listed.items] == ["before"]
+    stream = kube.watch(PODS, namespace, resource_version=listed.resource_version)
+    async with contextlib.aclosing(stream):
+        await kube.create(PODS, pod_manifest("after", gang="g"), namespace)
+        event = await next_event(stream)
+        assert (event.type, event.object["metadata"]["name"]) == ("ADDED", "after")
+        await kube.patch(PODS, "after", {"metadata": {"labels": {"x": "1"}}}, namespace)
+        event = await next_event(stream)
+        assert event.type == "MODIFIED"
+        assert event.object["metadata"]["labels"] == {"gang": "g", "x": "1"}
+        await kube.delete(PODS, "after", namespace, grace_period_seconds=0)
+        event = await next_event(stream)
+        assert (event.type, event.object["metadata"]["name"]) == ("DELETED", "after")
+
+
+async def test_label_selected_list_and_pagination(kube: Kube, namespace: str) -> None:
+    for i in range(5):
+        await kube.create(PODS, pod_manifest(f"j-{i}", **{"gangjob.io/name": "j"}), namespace)
+    await kube.create(PODS, pod_manifest("other"), namespace)
+    listed = await kube.list(PODS, namespace, label_selector="gangjob.io/name=j", page_size=2)
+    assert sorted(p["metadata"]["name"] for p in listed.items) == [f"j-{i}" for i in range(5)]
+    assert listed.resource_version
+
+
+async def test_watch_delivers_bookmarks(kube: Kube, namespace: str) -> None:
+    listed = await kube.list(PODS, namespace)
+    # The apiserver sends a bookmark ~2 s before a watch's timeout (and at least every minute).
+    stream = kube.watch(
+        PODS, namespace, resource_version=listed.resource_version, timeout_seconds=5
+    )
+    async with contextlib.aclosing(stream):
+        event = await next_event(stream, skip_bookmarks=False)
+    assert event.type == "BOOKMARK"
+    assert event.object["metadata"]["resourceVersion"]
+
+
+async def test_watch_from_a_too_old_resource_version_is_gone(kube: Kube, namespace: str) -> None:
+    stream = kube.watch(PODS, namespace, resource_version="1")
+    async with contextlib.aclosing(stream), asyncio.timeout(DEADLINE):
+        with pytest.raises(Gone):
+            await anext(stream)
+
+
+async def test_store_syncs_indexes_and_follows_changes(kube: Kube, namespace: str) -> None:
+    await kube.create(PODS, pod_manifest("j-0", **{"gangjob.io/name": "j"}), namespace)
+    seen: asyncio.Queue[StoreEvent] = asyncio.Queue()
+    store = Store(
+        kube,
+        PODS,
+        namespace=namespace,
+        indexers={BY_GANGJOB: gangjob_index},
+        handlers=[seen.put_nowait],
+    )
+    task = asyncio.create_task(store.run())
+    try:
+        async with asyncio.timeout(DEADLINE):
+            await store.wait_synced()
+            assert store.index_keys(BY_GANGJOB, f"{namespace}/j") == {f"{namespace}/j-0"}
+            await kube.create(PODS, pod_manifest("j-1", **{"gangjob.io/name": "j"}), namespace)
+            while (event := await seen.get()).key != f"{namespace}/j-1":
+                pass
+        assert event.type == "ADDED"
+        assert len(store.by_index(BY_GANGJOB, f"{namespace}/j")) == 2
+        # A relist (as after 410 Gone) converges on the same cache.
+        listed = await kube.list(PODS, namespace)
+        store.replace(listed.items, listed.resource_version)
+        assert sorted(store.keys()) == [f"{namespace}/j-0", f"{namespace}/j-1"]
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_one_elector_holds_the_lease_the_other_waits(kube: Kube, namespace: str) -> None:
+    def config(identity: str) -> LeaderElectionConfig:
+        return LeaderElectionConfig(
+            name="gangjob-controller",
+            namespace=namespace,
+            identity=identity,
+            lease_duration=4.0,
+            renew_deadline=3.0,
+            retry_period=0.5,
+            request_timeout=2.0,
+        )
+
+    a = LeaderElector(kube, config("a"))
+    b = LeaderElector(kube, config("b"))
+    leading = asyncio.Event()
+    stopped: list[str] = []
+
+    async def lead() -> None:
+        leading.set()
+        await asyncio.Event().wait()
+
+    runner = asyncio.create_task(a.run(lead, lambda: stopped.append("a")))
+    try:
+        async with asyncio.timeout(DEADLINE):
+            await leading.wait()
+        assert a.is_leader
+        assert not await b.try_acquire_or_renew()
+        assert b.observed_holder == "a"
+        lease = await kube.get(LEASES, "gangjob-controller", namespace)
+        assert lease["spec"]["holderIdentity"] == "a"
+        assert lease["spec"]["leaseDurationSeconds"] == 4
+    finally:
+        runner.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await runner
+    assert stopped == ["a"]
+    # a released the lease on its clean exit: b takes it without waiting for expiry.
+    assert await b.try_acquire_or_renew()
+    lease = await kube.get(LEASES, "gangjob-controller", namespace)
+    assert lease["spec"]["holderIdentity"] == "b"
+    assert lease["spec"]["leaseTransitions"] == 1
+
+
+async def ensure_gangjob_crd(kube: Kube) -> None:
+    """Install the committed CRD if the cluster lacks it, and wait until it is served."""
+    crd = yaml.safe_load((REPO / "manifests/crd/gangjob.io_gangjobs.yaml").read_text())
+    with contextlib.suppress(AlreadyExists):
+        await kube.create(CRDS, crd)
+    name = crd["metadata"]["name"]
+    listed = await kube.list(CRDS, field_selector=f"metadata.name={name}")
+
+    def established(obj: JsonDict) -> bool:
+        conditions = (obj.get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+    if listed.items and established(listed.items[0]):
+        return
+    stream = kube.watch(
+        CRDS, field_selector=f"metadata.name={name}", resource_version=listed.resource_version
+    )
+    async with contextlib.aclosing(stream), asyncio.timeout(DEADLINE):
+        async for event in stream:
+            if event.type != "BOOKMARK" and established(event.object):
+                return
+
+
+async def test_gangjob_status_subresource_merge_patch(kube: Kube, namespace: str) -> None:
+    await ensure_gangjob_crd(kube)
+    template = {"spec": {"containers": [{"name": "trainer", "image": "registry.invalid/t:1"}]}}
+    gj = {
+        "apiVersion": GANGJOBS.api_version,
+        "kind": GANGJOBS.kind,
+        "metadata": {"name": "train"},
+        "spec": {"replicas": 2, "template": template},
+    }
+    created = await kube.create(GANGJOBS, gj, namespace)
+    patched = await kube.patch_status(
+        GANGJOBS, "train", {"status": {"epoch": 1, "barrierEpoch": 0}}, namespace
+    )
+    assert patched["status"]["epoch"] == 1
+    # Status written through the main resource is ignored: that is what the subresource is for.
+    main = await kube.patch(GANGJOBS, "train", {"status": {"epoch": 7}}, namespace)
+    assert main["status"]["epoch"] == 1
+    with pytest.raises(Conflict):
+        await kube.patch_status(
+            GANGJOBS,
+            "train",
+            {
+                "metadata": {"resourceVersion": created["metadata"]["resourceVersion"]},
+                "status": {"epoch": 2},
+            },
+            namespace,
+        )
+    listed = await kube.list(GANGJOBS, namespace)
+    assert [o["metadata"]["name"] for o in listed.items] == ["train"]
