@@ -1,1 +1,2 @@
-"""The in-pod agent: standard library only. Arrives at epochs, holds the barrier, stops and starts the trainer."""
+"""The in-pod agent (standard library only): arrives at epochs, holds the barrier, stops and
+starts the trainer."""

@@ -251,6 +251,21 @@ def kubelet_config(cluster: Cluster, bridge: Bridge, gates: dict[str, bool]) -> 
     return cfg
 
 
+def make_cgroup_root(root: str) -> None:
+    """The kubelet wants its cgroup root to exist in every v1 hierarchy before it starts."""
+    base = Path("/sys/fs/cgroup")
+    for h in base.iterdir():
+        if not (h / "cgroup.procs").exists():
+            continue
+        d = h / root.lstrip("/")
+        d.mkdir(exist_ok=True)
+        if h.name.startswith("cpuset"):
+            # A new v1 cpuset has no CPUs and no memory nodes until given its parent's.
+            for f in ("cpuset.cpus", "cpuset.mems"):
+                if not (d / f).read_text().strip():
+                    (d / f).write_text((h / f).read_text())
+
+
 def start_node(cluster: Cluster, bridge: Bridge, gate_flags: list[str], out: TextIO) -> None:
     ensure_packages(out)
     state = cluster.load()
@@ -258,7 +273,10 @@ def start_node(cluster: Cluster, bridge: Bridge, gate_flags: list[str], out: Tex
     host["ip_forward"] = _ip_forward()
     host["bridge"] = bridge.name
     host["cgroup_root"] = cgroup_root(cluster)
+    # containerd makes /var/run/netns for pod network namespaces; remove it after if it was new.
+    host["netns_dir_existed"] = Path("/var/run/netns").exists()
     cluster.save(state)
+    make_cgroup_root(cgroup_root(cluster))
     setup_bridge(bridge)
     netd = cluster.dir / "cni" / "net.d"
     netd.mkdir(parents=True, exist_ok=True)
@@ -324,13 +342,17 @@ def teardown(cluster: Cluster, out: TextIO) -> None:
     if not sock.exists():
         return
     ctr = ["ctr", "--address", str(sock), "--namespace", "k8s.io"]
+    # Deleting a pod makes the kubelet stop its sandbox (CNI DEL, netns removed); the stopped
+    # containers themselves are left for its GC, which `down` makes unnecessary.
     deadline = time.monotonic() + 30
+    running: list[str] = []
     while time.monotonic() < deadline:
-        left = _run([*ctr, "containers", "ls", "-q"], check=False).stdout.split()
-        if not left:
+        tasks = _run([*ctr, "tasks", "ls"], check=False).stdout.splitlines()[1:]
+        running = [t for t in tasks if "STOPPED" not in t]
+        if not running:
             return
         time.sleep(0.5)
-    out.write(f"  {len(left)} containers still present after 30s; removing them by force\n")
+    out.write(f"  {len(running)} containers still running after 30s; killing them\n")
 
 
 def _kill_cgroup_tree(root: str) -> None:
@@ -392,6 +414,9 @@ def restore_host(cluster: Cluster, out: TextIO) -> None:
     _unmount_under([str(cluster.dir)])
     if host.get("bridge"):
         _run(["ip", "link", "delete", host["bridge"]], check=False)
+    if host.get("netns_dir_existed") is False:
+        with contextlib.suppress(OSError):
+            Path("/var/run/netns").rmdir()  # only when empty: never another run's namespaces
     if host.get("ip_forward") is not None and _ip_forward() != host["ip_forward"]:
         Path("/proc/sys/net/ipv4/ip_forward").write_text(host["ip_forward"] + "\n")
     for sub in ("containerd", "kubelet", "cni", "pod-logs"):

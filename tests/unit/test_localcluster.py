@@ -1,0 +1,104 @@
+"""localcluster's pure parts: ports, names, the images it builds, the configs it writes."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from localcluster import images
+from localcluster.cli import parser
+from localcluster.cluster import WELL_KNOWN_SLOTS, Cluster, ClusterError, Options, Ports, kwok_node
+from localcluster.versions import cache_root
+
+USUAL_PORTS = {2379, 2380, 6443, 8080, 10250, 10255, 10256, 10257, 10259}
+
+
+def all_ports(p: Ports) -> set[int]:
+    names = [n for n in dir(Ports) if isinstance(getattr(Ports, n), property)]
+    return {getattr(p, n) for n in names}
+
+
+def test_clusters_of_different_names_never_share_ports() -> None:
+    names = [*WELL_KNOWN_SLOTS, "test-updown", "alice", "bob-2"]
+    seen: dict[int, str] = {}
+    for name in names:
+        for port in all_ports(Cluster(name).ports):
+            assert port not in seen, f"{name} and {seen[port]} share port {port}"
+            assert port not in USUAL_PORTS
+            assert port < 32768, "inside Linux's ephemeral port range"
+            seen[port] = name
+
+
+def test_each_cluster_has_its_own_state_dir() -> None:
+    dirs = {Cluster(n).dir for n in WELL_KNOWN_SLOTS}
+    assert len(dirs) == len(WELL_KNOWN_SLOTS)
+
+
+@pytest.mark.parametrize("bad", ["", "a/b", "x" * 21, "with space"])
+def test_bad_cluster_names_are_refused(bad: str) -> None:
+    with pytest.raises(ClusterError):
+        Cluster(bad)
+
+
+def test_kwok_node_declares_restart_all_and_gpus() -> None:
+    node = kwok_node("n0", Options(gpus_per_node=4, pods_per_node=300))
+    assert node["metadata"]["annotations"]["kwok.x-k8s.io/node"] == "fake"
+    assert node["status"]["declaredFeatures"] == ["RestartAllContainersOnContainerExits"]
+    assert node["status"]["allocatable"]["nvidia.com/gpu"] == "4"
+    assert node["status"]["capacity"]["pods"] == "300"
+    assert "nvidia.com/gpu" not in kwok_node("n1", Options())["status"]["allocatable"]
+
+
+def test_cli_parses_feature_gates_and_refuses_bad_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    args = parser().parse_args(["up", "--feature-gates", "A=true,B=false"])
+    assert args.feature_gates == {"A": True, "B": False}
+    with pytest.raises(SystemExit):
+        parser().parse_args(["up", "--feature-gates", "A=yes"])
+    assert "A=yes" in capsys.readouterr().err
+
+
+def test_cache_is_outside_the_repository(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cache_root() == tmp_path / "gangjob"
+    repo = Path(__file__).resolve().parents[2]
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert repo not in cache_root().parents
+
+
+def test_oci_archive_is_a_valid_image_layout(tmp_path: Path) -> None:
+    spec = images.ImageSpec(
+        name="localhost/t:dev",
+        files={"bin/hello": b"#!/bin/sh\necho hi\n"},
+        symlinks={"bin/hi": "hello"},
+        dirs=["tmp"],
+        cmd=["/bin/hello"],
+    )
+    archive = images.write_oci_archive(spec, tmp_path / "t.tar")
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+        assert {"oci-layout", "index.json"} <= names
+        index = json.loads(tar.extractfile("index.json").read())  # type: ignore[union-attr]
+        entry = index["manifests"][0]
+        assert entry["annotations"]["io.containerd.image.name"] == "localhost/t:dev"
+
+        def blob(digest: str) -> bytes:
+            fh = tar.extractfile("blobs/sha256/" + digest.split(":")[1])
+            assert fh is not None
+            return fh.read()
+
+        manifest = json.loads(blob(entry["digest"]))
+        config = json.loads(blob(manifest["config"]["digest"]))
+        assert config["config"]["Cmd"] == ["/bin/hello"]
+        layer_bytes = io.BytesIO(blob(manifest["layers"][0]["digest"]))
+        with tarfile.open(fileobj=layer_bytes) as layer:
+            assert layer.getmember("bin/hi").issym()
+            hello = layer.extractfile("bin/hello")
+            assert hello is not None
+            assert hello.read() == b"#!/bin/sh\necho hi\n"
+    # Deterministic: the same spec gives the same bytes (the image is cached by content).
+    again = images.write_oci_archive(spec, tmp_path / "t2.tar")
+    assert again.read_bytes() == archive.read_bytes()
