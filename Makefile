@@ -10,7 +10,7 @@ CLUSTER_PROFILE ?= sim
 NODES ?= 3
 
 .PHONY: help setup lint test test-unit test-integration test-e2e manifests install uninstall \
-        run cluster cluster-node down status build-k8s demo bench clean
+        run cluster cluster-node down status build-k8s clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -24,10 +24,28 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP) ## create .venv with the project (editable) and its dev deps
 
-lint: setup ## ruff + mypy --strict
+lint: setup ## ruff + mypy --strict + the committed CRD matches the API models
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/python -m api.crd --check
+
+manifests: setup ## generate the CRD (manifests/crd) from the pydantic models in api/
+	$(BIN)/python -m api.crd
+
+# The pinned kubectl from the cache (built on first use); KUBECONFIG says which cluster.
+KUBECTL = $(BIN)/localcluster kubectl --
+
+install: setup ## apply the CRD to the cluster of $$KUBECONFIG
+	$(KUBECTL) apply --server-side --force-conflicts -k manifests/crd
+	$(KUBECTL) wait --for condition=Established crd/gangjobs.gangjob.io --timeout=60s
+
+uninstall: setup ## delete the CRD (and with it every GangJob) from the cluster of $$KUBECONFIG
+	$(KUBECTL) delete -k manifests/crd --ignore-not-found
+
+run: setup ## run the controller against the cluster of $$KUBECONFIG (from this checkout)
+	$(BIN)/gangjob-controller --log-format text --metrics-bind-address 127.0.0.1:8080 \
+		--health-probe-bind-address 127.0.0.1:8081
 
 test: lint ## lint and every test tier (unit, integration on sim, e2e on a real node)
 	$(BIN)/pytest tests

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from localcluster import build as buildmod
 from localcluster.cluster import Cluster, ClusterError, Options, known_clusters
-from localcluster.versions import all_binaries, cache_root
+from localcluster.versions import all_binaries, binary, cache_root
 
 
 def _gates(spec: str) -> dict[str, bool]:
@@ -50,6 +51,12 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--name", help="cluster name (default: the profile's name)")
     d.add_argument("--all", action="store_true", help="every cluster that localcluster started")
 
+    k = sub.add_parser(
+        "kubectl", help="run the pinned kubectl (built if missing); --name picks a local cluster"
+    )
+    k.add_argument("--name", help="use this local cluster's admin kubeconfig")
+    k.add_argument("args", nargs=argparse.REMAINDER, help="kubectl's own arguments, after --")
+
     s = sub.add_parser("status", help="say what runs")
     s.add_argument("--json", action="store_true")
     return p
@@ -84,6 +91,15 @@ def main(argv: list[str] | None = None) -> int:
             for c in targets:
                 c.down(sys.stderr)
             return 0
+        if args.cmd == "kubectl":
+            kubectl = binary("kubectl").path
+            if not kubectl.exists():
+                buildmod.build(sys.stderr)
+            env = dict(os.environ)
+            if args.name:
+                env["KUBECONFIG"] = str(Cluster(args.name).kubeconfig)
+            rest = args.args[1:] if args.args[:1] == ["--"] else args.args
+            os.execve(kubectl, [str(kubectl), *rest], env)
         if args.cmd == "status":
             info = [c.describe() for c in known_clusters()]
             if args.json:
