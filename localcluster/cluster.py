@@ -92,10 +92,6 @@ class Ports:
     def containerd_stream(self) -> int:
         return self._p(8)
 
-    @property
-    def apiserver_bridge(self) -> int:
-        return self._p(9)
-
 
 @dataclass
 class Options:
@@ -164,6 +160,16 @@ class Cluster:
         state = self.load()
         procs = self.procs()
         return bool(state.get("ready")) and bool(procs) and all(p.alive() for p in procs)
+
+    @property
+    def service_cidr(self) -> str:
+        """Each cluster has its own service range: the node profile routes it on this host."""
+        return f"10.{200 + self.ports.slot}.0.0/16"
+
+    @property
+    def service_ip(self) -> str:
+        """The `kubernetes` Service's cluster IP (the first of the range)."""
+        return f"10.{200 + self.ports.slot}.0.1"
 
     @property
     def server(self) -> str:
@@ -258,7 +264,9 @@ class Cluster:
         node_name = nodemod.NODE_NAME if opts.profile == "node" else None
         bridge = nodemod.Bridge.for_slot(self.ports.slot) if opts.profile == "node" else None
         node_ip = bridge.gateway if bridge else None
-        pki.ensure_pki(self.pki, [node_ip] if node_ip else [], node_name, node_ip)
+        pki.ensure_pki(
+            self.pki, [self.service_ip, *([node_ip] if node_ip else [])], node_name, node_ip
+        )
         for ident in pki.client_identities(node_name):
             pki.write_kubeconfig(
                 self.dir / f"{ident.stem}.kubeconfig", self.pki, self.server, ident.stem, ident.cn
@@ -396,7 +404,7 @@ class Cluster:
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={k / 'sa.pub'}",
             f"--service-account-signing-key-file={k / 'sa.key'}",
-            "--service-cluster-ip-range=10.96.0.0/16",
+            f"--service-cluster-ip-range={self.service_cidr}",
             # The Endpoints API refuses a loopback address; nothing here needs the endpoints.
             "--endpoint-reconciler-type=none",
             f"--requestheader-client-ca-file={k / 'front-proxy-ca.crt'}",

@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import urllib.error
 from dataclasses import dataclass
@@ -114,13 +115,16 @@ def _ip_forward() -> str:
     return Path("/proc/sys/net/ipv4/ip_forward").read_text().strip()
 
 
-def setup_bridge(bridge: Bridge) -> None:
+def setup_bridge(bridge: Bridge, service_ip: str) -> None:
+    """The bridge holds the pods' gateway and the `kubernetes` Service IP (as a /32), so a
+    pod's packets to the Service reach the forwarder on this host without any NAT."""
     if _run(["ip", "link", "show", bridge.name], check=False).returncode != 0:
         _run(["ip", "link", "add", bridge.name, "type", "bridge"])
     prefix = bridge.subnet.split("/")[1]
     addrs = _run(["ip", "-4", "addr", "show", "dev", bridge.name]).stdout
-    if f"{bridge.gateway}/" not in addrs:
-        _run(["ip", "addr", "add", f"{bridge.gateway}/{prefix}", "dev", bridge.name])
+    for cidr in (f"{bridge.gateway}/{prefix}", f"{service_ip}/32"):
+        if f"{cidr.split('/')[0]}/" not in addrs:
+            _run(["ip", "addr", "add", cidr, "dev", bridge.name])
     _run(["ip", "link", "set", bridge.name, "up"])
 
 
@@ -140,7 +144,9 @@ def cni_config(cluster: Cluster, bridge: Bridge) -> dict[str, Any]:
                 "ipam": {
                     "type": "host-local",
                     "ranges": [[{"subnet": bridge.subnet, "gateway": bridge.gateway}]],
-                    "routes": [],
+                    # No default route: nothing leaves the machine. Only the service range,
+                    # whose `kubernetes` address lives on the bridge (see setup_bridge).
+                    "routes": [{"dst": cluster.service_cidr, "gw": bridge.gateway}],
                     "dataDir": str(cluster.dir / "cni" / "ipam"),
                 },
             },
@@ -277,7 +283,7 @@ def start_node(cluster: Cluster, bridge: Bridge, gate_flags: list[str], out: Tex
     host["netns_dir_existed"] = Path("/var/run/netns").exists()
     cluster.save(state)
     make_cgroup_root(cgroup_root(cluster))
-    setup_bridge(bridge)
+    setup_bridge(bridge, cluster.service_ip)
     netd = cluster.dir / "cni" / "net.d"
     netd.mkdir(parents=True, exist_ok=True)
     (netd / "10-gangjob.conflist").write_text(json.dumps(cni_config(cluster, bridge), indent=2))
@@ -292,6 +298,17 @@ def start_node(cluster: Cluster, bridge: Bridge, gate_flags: list[str], out: Tex
     ctr = ["ctr", "--address", str(sock), "version"]
     cluster._wait("containerd", lambda: _run(ctr, check=False).returncode == 0, 30, "containerd")
     import_images(cluster, sock, out)
+    # Pods talk to the apiserver the in-cluster way: the Service IP on the bridge, forwarded.
+    cluster._launch(
+        "apiserver-forward",
+        [
+            sys.executable,
+            "-m",
+            "localcluster.forward",
+            f"--listen={cluster.service_ip}:443",
+            f"--connect=127.0.0.1:{cluster.ports.apiserver}",
+        ],
+    )
 
     gates = {}
     for flag in gate_flags:

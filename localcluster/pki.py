@@ -93,8 +93,13 @@ def ensure_pki(
     _ca(d, "front-proxy-ca", "gangjob-local-front-proxy-ca")
     sans = ["DNS:localhost", "DNS:kubernetes", "DNS:kubernetes.default"]
     sans += ["DNS:kubernetes.default.svc", "DNS:kubernetes.default.svc.cluster.local"]
-    sans += [f"IP:{ip}" for ip in ["127.0.0.1", "10.96.0.1", *apiserver_ips]]
+    sans += [f"IP:{ip}" for ip in ["127.0.0.1", *apiserver_ips]]
+    # The serving certificate names every address it is reached at; remake it if they changed.
+    stamp = d / "apiserver.sans"
+    if stamp.exists() and stamp.read_text() != ",".join(sans):
+        (d / "apiserver.crt").unlink(missing_ok=True)
     _leaf(d, "ca", "apiserver", "kube-apiserver", sans=sans, server=True)
+    stamp.write_text(",".join(sans))
     _leaf(d, "ca", "apiserver-kubelet-client", "kube-apiserver-kubelet-client", "system:masters")
     _leaf(d, "front-proxy-ca", "front-proxy-client", "front-proxy-client")
     for ident in client_identities(node_name):
