@@ -1,0 +1,359 @@
+"""Typed views of the Pods and Nodes the controller reads: small frozen dataclasses parsed from
+the raw dicts the API returns, holding only what `controller.plan` decides on.
+
+The hot path sees thousands of pods per gang, so parsing stays shallow and never validates
+whole objects: a field that is missing or malformed becomes None (or empty), never an error,
+because one odd pod must not stop the reconcile of its gang.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any, Final, Literal
+
+from api.constants import ANNOTATION_EPOCH, ANNOTATION_EXIT, LABEL_RANK
+
+ANNOTATION_CREATED_EPOCH: Final = "gangjob.io/created-epoch"
+"""The `status.epoch` at which the controller created the pod (written by the controller, at
+creation only). It belongs beside the agent's annotations in `api.constants`; it lives here until
+the agent needs it too."""
+
+ContainerStateName = Literal["running", "waiting", "terminated"]
+NodeReady = Literal["True", "False", "Unknown"]
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _str_dict(value: Any) -> dict[str, str]:
+    return {k: v for k, v in _mapping(value).items() if isinstance(v, str)}
+
+
+def parse_time(value: Any) -> datetime | None:
+    """An RFC 3339 timestamp of the API (`2026-05-01T10:00:00Z`) as an aware UTC datetime."""
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        return None
+    return parsed.astimezone(UTC)
+
+
+def parse_decimal_int(value: Any) -> int | None:
+    """A non-negative decimal integer written as a string (annotations, labels), else None."""
+    # Stricter than int(): no sign, no whitespace, no underscores, so that "+1" or " 1" written
+    # by hand is not mistaken for what the protocol writes.
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)
+    return None
+
+
+def parse_exit_report(value: Any) -> tuple[int, int] | None:
+    """The `gangjob.io/exit` annotation, `<epoch>:<code>`, as (epoch, code); else None."""
+    if not isinstance(value, str):
+        return None
+    epoch_text, sep, code_text = value.partition(":")
+    epoch, code = parse_decimal_int(epoch_text), parse_decimal_int(code_text)
+    if not sep or epoch is None or code is None:
+        return None
+    return epoch, code
+
+
+# --- pods -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerView:
+    """One entry of a pod's `containerStatuses` or `initContainerStatuses`."""
+
+    name: str
+    restart_count: int = 0
+    ready: bool = False
+    started: bool | None = None
+    state: ContainerStateName | None = None
+    exit_code: int | None = None
+    """Exit code of the current state, when it is `terminated`."""
+    reason: str | None = None
+    """Reason of the current state (`CrashLoopBackOff`, `OOMKilled`, `Completed`, ...)."""
+    last_exit_code: int | None = None
+    """`lastState.terminated.exitCode`: the previous run's exit, kept across a restart."""
+    last_reason: str | None = None
+    unhealthy_resources: tuple[str, ...] = ()
+    """Resource names (`nvidia.com/gpu`) with a device the kubelet reports `Unhealthy`
+    (KEP-4680 `allocatedResourcesStatus`)."""
+
+    @classmethod
+    def from_status(cls, obj: Mapping[str, Any]) -> ContainerView:
+        state_name: ContainerStateName | None = None
+        exit_code: int | None = None
+        reason: str | None = None
+        state = _mapping(obj.get("state"))
+        for name in ("terminated", "running", "waiting"):
+            detail = state.get(name)
+            if isinstance(detail, Mapping):
+                state_name = name
+                exit_code = _int_or_none(detail.get("exitCode"))
+                reason = _str_or_none(detail.get("reason"))
+                break
+        last_terminated = _mapping(_mapping(obj.get("lastState")).get("terminated"))
+        started = obj.get("started")
+        return cls(
+            name=str(obj.get("name", "")),
+            restart_count=_int_or_none(obj.get("restartCount")) or 0,
+            ready=obj.get("ready") is True,
+            started=started if isinstance(started, bool) else None,
+            state=state_name,
+            exit_code=exit_code,
+            reason=reason,
+            last_exit_code=_int_or_none(last_terminated.get("exitCode")),
+            last_reason=_str_or_none(last_terminated.get("reason")),
+            unhealthy_resources=_unhealthy_resources(obj.get("allocatedResourcesStatus")),
+        )
+
+
+def _unhealthy_resources(value: Any) -> tuple[str, ...]:
+    names: list[str] = []
+    for entry in _list(value):
+        entry = _mapping(entry)
+        name = entry.get("name")
+        if isinstance(name, str) and any(
+            _mapping(resource).get("health") == "Unhealthy"
+            for resource in _list(entry.get("resources"))
+        ):
+            names.append(name)
+    return tuple(names)
+
+
+@dataclass(frozen=True)
+class PodView:
+    """What the controller's policy reads of a worker Pod."""
+
+    name: str
+    namespace: str
+    uid: str
+    rank: int | None
+    """The `gangjob.io/rank` label; None if missing or not a decimal integer."""
+    phase: str | None
+    node_name: str | None
+    deletion_timestamp: datetime | None
+    creation_timestamp: datetime | None
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    controller_uid: str | None
+    """UID of the pod's controller ownerReference: tells our pods from a namesake's leftovers."""
+    arrived_epoch: int | None
+    """The `gangjob.io/epoch` annotation: the epoch the agent says this worker arrived at."""
+    created_epoch: int | None
+    """The `gangjob.io/created-epoch` annotation: `status.epoch` when the pod was created."""
+    reported_exit: tuple[int, int] | None
+    """The `gangjob.io/exit` annotation (`Process` mode) as (epoch, exit code)."""
+    reason: str | None
+    """`status.reason` (`Evicted`, `NodeLost`, ...)."""
+    message: str | None
+    ready: bool
+    """The pod condition `Ready` is True."""
+    conditions: Mapping[str, tuple[str, str | None]]
+    """Pod condition type -> (status, reason)."""
+    containers: tuple[ContainerView, ...]
+    init_containers: tuple[ContainerView, ...]
+
+    @property
+    def terminating(self) -> bool:
+        """Deletion was requested (the pod may linger, e.g. on a node that is gone)."""
+        return self.deletion_timestamp is not None
+
+    def container(self, name: str) -> ContainerView | None:
+        """The status of the (regular) container of this name, if the kubelet reported one."""
+        return next((c for c in self.containers if c.name == name), None)
+
+    @classmethod
+    def from_pod(cls, obj: Mapping[str, Any]) -> PodView:
+        """Parse a core/v1 Pod dict as the API returns it."""
+        metadata = _mapping(obj.get("metadata"))
+        spec = _mapping(obj.get("spec"))
+        status = _mapping(obj.get("status"))
+        labels = _str_dict(metadata.get("labels"))
+        annotations = _str_dict(metadata.get("annotations"))
+        conditions: dict[str, tuple[str, str | None]] = {}
+        for condition in _list(status.get("conditions")):
+            condition = _mapping(condition)
+            type_, cond_status = condition.get("type"), condition.get("status")
+            if isinstance(type_, str) and isinstance(cond_status, str):
+                conditions[type_] = (cond_status, _str_or_none(condition.get("reason")))
+        controller_uid = next(
+            (
+                _str_or_none(ref.get("uid"))
+                for ref in map(_mapping, _list(metadata.get("ownerReferences")))
+                if ref.get("controller") is True
+            ),
+            None,
+        )
+        return cls(
+            name=str(metadata.get("name", "")),
+            namespace=str(metadata.get("namespace", "")),
+            uid=str(metadata.get("uid", "")),
+            rank=parse_decimal_int(labels.get(LABEL_RANK)),
+            phase=_str_or_none(status.get("phase")),
+            node_name=_str_or_none(spec.get("nodeName")),
+            deletion_timestamp=parse_time(metadata.get("deletionTimestamp")),
+            creation_timestamp=parse_time(metadata.get("creationTimestamp")),
+            labels=labels,
+            annotations=annotations,
+            controller_uid=controller_uid,
+            arrived_epoch=parse_decimal_int(annotations.get(ANNOTATION_EPOCH)),
+            created_epoch=parse_decimal_int(annotations.get(ANNOTATION_CREATED_EPOCH)),
+            reported_exit=parse_exit_report(annotations.get(ANNOTATION_EXIT)),
+            reason=_str_or_none(status.get("reason")),
+            message=_str_or_none(status.get("message")),
+            ready=conditions.get("Ready", ("",))[0] == "True",
+            conditions=conditions,
+            containers=tuple(
+                ContainerView.from_status(_mapping(c))
+                for c in _list(status.get("containerStatuses"))
+            ),
+            init_containers=tuple(
+                ContainerView.from_status(_mapping(c))
+                for c in _list(status.get("initContainerStatuses"))
+            ),
+        )
+
+
+# --- nodes ----------------------------------------------------------------------------------
+
+_QUANTITY: Final = re.compile(
+    r"^([+-]?(?:\d+\.?\d*|\.\d+))"  # the number
+    r"(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?)$"  # a decimal exponent or a suffix
+)
+_BINARY_SUFFIX: Final = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
+_DECIMAL_SUFFIX: Final = {
+    "n": -9,
+    "u": -6,
+    "m": -3,
+    "": 0,
+    "k": 3,
+    "M": 6,
+    "G": 9,
+    "T": 12,
+    "P": 15,
+    "E": 18,
+}
+
+# Resources whose quantities policy compares as counts. Memory, storage and hugepages stay the
+# strings the API wrote: nothing decides on them yet, and a byte count is easy to misread.
+_COUNTED_RESOURCES: Final = frozenset({"cpu", "pods"})
+
+
+def parse_quantity(value: str) -> Decimal | None:
+    """A Kubernetes resource quantity (`8`, `500m`, `2Ki`, `1e3`) as a Decimal; else None."""
+    match = _QUANTITY.match(value)
+    if match is None:
+        return None
+    number, exponent, suffix = match.groups()
+    try:
+        amount = Decimal(number)
+        if exponent is not None:
+            return amount.scaleb(int(exponent[1:]))
+        if suffix in _BINARY_SUFFIX:
+            return amount * Decimal(1024) ** _BINARY_SUFFIX[suffix]
+        return amount.scaleb(_DECIMAL_SUFFIX[suffix or ""])
+    except InvalidOperation:
+        return None
+
+
+def _is_counted(resource: str) -> bool:
+    # Extended resources (devices) are the names with a domain prefix, e.g. nvidia.com/gpu;
+    # the API requires their quantities to be integers.
+    return resource in _COUNTED_RESOURCES or ("/" in resource and "kubernetes.io/" not in resource)
+
+
+def parse_resources(value: Any) -> dict[str, int | str]:
+    """`allocatable`/`capacity`: counted resources (cpu, pods, devices) as ints when they are
+    whole numbers; everything else, and fractions such as cpu `3500m`, as the raw string."""
+    resources: dict[str, int | str] = {}
+    for name, raw in _mapping(value).items():
+        text = str(raw)
+        if _is_counted(name):
+            amount = parse_quantity(text)
+            if amount is not None and amount == amount.to_integral_value():
+                resources[name] = int(amount)
+                continue
+        resources[name] = text
+    return resources
+
+
+def _node_ready(status: str | None) -> NodeReady:
+    if status == "True":
+        return "True"
+    if status == "False":
+        return "False"
+    return "Unknown"
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """What the controller's policy reads of a Node."""
+
+    name: str
+    ready: NodeReady
+    """Status of the `Ready` condition; `Unknown` when the node reports none."""
+    taints: tuple[tuple[str, str], ...]
+    """(key, effect) of each taint."""
+    conditions: Mapping[str, str]
+    """Node condition type -> status."""
+    allocatable: Mapping[str, int | str]
+    capacity: Mapping[str, int | str]
+    declared_features: frozenset[str]
+    """`status.declaredFeatures` (KEP-5328): e.g. `RestartAllContainersOnContainerExits`."""
+    unschedulable: bool
+
+    def has_taint(self, key: str, effect: str | None = None) -> bool:
+        """A taint with this key (and effect, if given) is on the node."""
+        return any(k == key and effect in (None, e) for k, e in self.taints)
+
+    @classmethod
+    def from_node(cls, obj: Mapping[str, Any]) -> NodeView:
+        """Parse a core/v1 Node dict as the API returns it."""
+        metadata = _mapping(obj.get("metadata"))
+        spec = _mapping(obj.get("spec"))
+        status = _mapping(obj.get("status"))
+        conditions: dict[str, str] = {}
+        for condition in map(_mapping, _list(status.get("conditions"))):
+            type_, cond_status = condition.get("type"), condition.get("status")
+            if isinstance(type_, str) and isinstance(cond_status, str):
+                conditions[type_] = cond_status
+        taints = tuple(
+            (str(taint.get("key", "")), str(taint.get("effect", "")))
+            for taint in map(_mapping, _list(spec.get("taints")))
+        )
+        return cls(
+            name=str(metadata.get("name", "")),
+            ready=_node_ready(conditions.get("Ready")),
+            taints=taints,
+            conditions=conditions,
+            allocatable=parse_resources(status.get("allocatable")),
+            capacity=parse_resources(status.get("capacity")),
+            declared_features=frozenset(
+                f for f in _list(status.get("declaredFeatures")) if isinstance(f, str)
+            ),
+            unschedulable=spec.get("unschedulable") is True,
+        )
