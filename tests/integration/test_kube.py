@@ -15,7 +15,6 @@ from controller.kube import (
     CRDS,
     GANGJOBS,
     LEASES,
-    NAMESPACES,
     PODS,
     AlreadyExists,
     Conflict,
@@ -36,11 +35,8 @@ DEADLINE = 30.0
 
 
 @pytest.fixture
-async def kube(sim_kubeconfig: pathlib.Path, namespace: str) -> AsyncIterator[Kube]:
+async def kube(sim_kubeconfig: pathlib.Path) -> AsyncIterator[Kube]:
     async with await Kube.from_kubeconfig(sim_kubeconfig, request_timeout=10) as client:
-        # The fixture promises a fresh name; create it unless the fixture already did.
-        with contextlib.suppress(AlreadyExists):
-            await client.create(NAMESPACES, {"metadata": {"name": namespace}})
         yield client
 
 
@@ -54,14 +50,22 @@ def pod_manifest(name: str, **labels: str) -> JsonDict:
 
 
 async def next_event(
-    stream: AsyncIterator[WatchEvent], *, skip_bookmarks: bool = True
+    stream: AsyncIterator[WatchEvent], *, name: str | None = None, skip_bookmarks: bool = True
 ) -> WatchEvent:
+    """The next event (of object `name`, if given) within the deadline."""
     async with asyncio.timeout(DEADLINE):
         async for event in stream:
             if skip_bookmarks and event.type == "BOOKMARK":
                 continue
+            if name is not None and event.object["metadata"].get("name") != name:
+                continue
             return event
     raise AssertionError("watch ended")
+
+
+def labels(event: WatchEvent) -> dict[str, str]:
+    found: dict[str, str] = event.object["metadata"].get("labels") or {}
+    return found
 
 
 async def test_pod_crud_and_error_types(kube: Kube, namespace: str) -> None:
@@ -118,15 +122,18 @@ async def test_list_then_watch_from_its_resource_version(kube: Kube, namespace: 
     stream = kube.watch(PODS, namespace, resource_version=listed.resource_version)
     async with contextlib.aclosing(stream):
         await kube.create(PODS, pod_manifest("after", gang="g"), namespace)
-        event = await next_event(stream)
+        event = await next_event(stream, name="after")
         assert (event.type, event.object["metadata"]["name"]) == ("ADDED", "after")
+        # The scheduler and KWOK modify the pods too: wait for the changes we made.
         await kube.patch(PODS, "after", {"metadata": {"labels": {"x": "1"}}}, namespace)
-        event = await next_event(stream)
+        while "x" not in labels(event := await next_event(stream, name="after")):
+            assert event.type == "MODIFIED"
         assert event.type == "MODIFIED"
-        assert event.object["metadata"]["labels"] == {"gang": "g", "x": "1"}
+        assert labels(event) == {"gang": "g", "x": "1"}
         await kube.delete(PODS, "after", namespace, grace_period_seconds=0)
-        event = await next_event(stream)
-        assert (event.type, event.object["metadata"]["name"]) == ("DELETED", "after")
+        while (event := await next_event(stream, name="after")).type != "DELETED":
+            assert event.type == "MODIFIED"
+        assert event.object["metadata"]["name"] == "after"
 
 
 async def test_label_selected_list_and_pagination(kube: Kube, namespace: str) -> None:
@@ -151,6 +158,10 @@ async def test_watch_delivers_bookmarks(kube: Kube, namespace: str) -> None:
 
 
 async def test_watch_from_a_too_old_resource_version_is_gone(kube: Kube, namespace: str) -> None:
+    """RV 1 is outside the watch cache's window, so the apiserver answers with an ERROR event
+    (410 Expired) on an HTTP 200. (Were the cache not ready yet, etcd would serve the watch
+    and accept RV 1 until its first compaction, five minutes after start: the test would
+    then time out rather than pass.)"""
     stream = kube.watch(PODS, namespace, resource_version="1")
     async with contextlib.aclosing(stream), asyncio.timeout(DEADLINE):
         with pytest.raises(Gone):
