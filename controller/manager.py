@@ -1,0 +1,197 @@
+"""The running controller: informer caches, the work queue, reconcile workers, health and
+metrics endpoints, and leader election around the workers.
+
+Caches start at once on every replica (so a standby is warm and /readyz reflects the caches);
+reconcile workers run only while this replica holds the Lease. Losing the Lease ends `run`, and
+the process exits rather than carry on half-leader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from controller import metrics
+from controller.health import HealthServer, make_app
+from controller.kube import GANGJOBS, LEASES, NODES, PODS, SERVICES, Kube
+from controller.leader import LeaderElectionConfig, LeaderElector
+from controller.plan import PlanConfig
+from controller.queue import WorkQueue
+from controller.reconcile import Caches, Reconciler
+from controller.store import (
+    BY_GANGJOB,
+    BY_NODE,
+    GANGJOB_LABEL,
+    Store,
+    StoreEvent,
+    gangjob_index,
+    node_index,
+)
+
+log = logging.getLogger(__name__)
+
+CONTROLLER_NAME = "gangjob"
+
+
+@dataclass
+class Settings:
+    """What the command line configures."""
+
+    namespace: str | None = None  # None: every namespace
+    leader_elect: bool = False
+    leader_election_namespace: str = "default"
+    leader_election_id: str = "gangjob-controller"
+    metrics_address: tuple[str, int] | None = ("0.0.0.0", 8080)
+    health_address: tuple[str, int] | None = ("0.0.0.0", 8081)
+    workers: int = 4
+    agent_image: str = "localhost/gangjob-agent:dev"
+    identity: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.identity:
+            self.identity = f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+
+
+class Manager:
+    """Wires the pieces together; `run()` until cancelled or the Lease is lost."""
+
+    def __init__(self, kube: Kube, settings: Settings) -> None:
+        self.kube = kube
+        self.settings = settings
+        ns = settings.namespace
+        self.queue: WorkQueue[str] = WorkQueue(CONTROLLER_NAME)
+        self.jobs = Store(kube, GANGJOBS, namespace=ns, handlers=[self._on_job])
+        self.pods = Store(
+            kube,
+            PODS,
+            namespace=ns,
+            label_selector=GANGJOB_LABEL,  # only pods of some gang
+            indexers={BY_GANGJOB: gangjob_index, BY_NODE: node_index},
+            handlers=[self._on_pod],
+        )
+        self.nodes = Store(kube, NODES, handlers=[self._on_node])
+        self.services = Store(kube, SERVICES, namespace=ns, label_selector=GANGJOB_LABEL)
+        self.reconciler = Reconciler(
+            kube,
+            Caches(self.jobs, self.pods, self.nodes, self.services),
+            config=PlanConfig(agent_image=settings.agent_image),
+            identity=settings.identity,
+        )
+        self.stores = [self.jobs, self.pods, self.nodes, self.services]
+        self.is_leader = False
+        self.elector: LeaderElector | None = None
+
+    # -- event handlers: map a change to the GangJob keys it concerns ---------------------
+    def _on_job(self, event: StoreEvent) -> None:
+        self.queue.add(event.key)
+
+    def _on_pod(self, event: StoreEvent) -> None:
+        for key in gangjob_index(event.obj):
+            self.queue.add(key)
+
+    def _on_node(self, event: StoreEvent) -> None:
+        # A node going away or bad concerns every gang with a pod on it.
+        name = event.obj.get("metadata", {}).get("name", "")
+        for pod in self.pods.by_index(BY_NODE, name):
+            for key in gangjob_index(pod):
+                self.queue.add(key)
+
+    # -- readiness --------------------------------------------------------------------------
+    def synced(self) -> bool:
+        return all(s.has_synced for s in self.stores)
+
+    def healthy(self) -> bool:
+        return self.elector is None or not self.is_leader or self.elector.healthy()
+
+    # -- workers ----------------------------------------------------------------------------
+    async def _worker(self) -> None:
+        while True:
+            key = await self.queue.get()
+            try:
+                with metrics.track_reconcile(CONTROLLER_NAME) as record:
+                    try:
+                        outcome = await self.reconciler.reconcile(key)
+                    except Exception:
+                        # Conflicts are routine (our cache behind our own write): retry soon.
+                        self.queue.add_rate_limited(key)
+                        raise
+                    self.queue.forget(key)
+                    if outcome.requeue_after is not None:
+                        record.result = "requeue_after"
+                        self.queue.add_after(key, outcome.requeue_after)
+            except Exception as e:
+                level = logging.DEBUG if type(e).__name__ == "Conflict" else logging.ERROR
+                log.log(level, "reconcile %s failed: %s", key, e, exc_info=level >= logging.ERROR)
+            finally:
+                self.queue.done(key)
+
+    async def _lead(self) -> None:
+        self.is_leader = True
+        log.info("leading: starting %d reconcile workers", self.settings.workers)
+        for s in self.stores:
+            await s.wait_synced()
+        # Everything the caches hold now, once: events before we led were not acted upon.
+        for key in self.jobs.keys():  # noqa: SIM118 (a Store, not a dict)
+            self.queue.add(key)
+        workers = [asyncio.create_task(self._worker()) for _ in range(self.settings.workers)]
+        try:
+            await asyncio.gather(*workers)
+        finally:
+            for w in workers:
+                w.cancel()
+
+    async def run(self) -> int:
+        """Runs until cancelled (returns 0) or until the Lease is lost (returns 1)."""
+        servers: list[HealthServer] = []
+        app_ready: Callable[[], bool] = self.synced
+        for addr in {self.settings.metrics_address, self.settings.health_address} - {None}:
+            assert addr is not None
+            server = HealthServer(make_app(app_ready, healthy=self.healthy), addr[0], addr[1])
+            await server.start()
+            servers.append(server)
+        store_tasks = [asyncio.create_task(s.run()) for s in self.stores]
+        lost = False
+        try:
+            if self.settings.leader_elect:
+                cfg = LeaderElectionConfig(
+                    name=self.settings.leader_election_id,
+                    namespace=self.settings.leader_election_namespace,
+                    identity=self.settings.identity,
+                )
+                self.elector = LeaderElector(self.kube, cfg)
+
+                def stopped() -> None:
+                    nonlocal lost
+                    lost = True
+                    self.is_leader = False
+
+                log.info("waiting for the lease %s/%s", cfg.namespace, cfg.name)
+                await self.elector.run(self._lead, stopped)
+            else:
+                await self._lead()
+        finally:
+            for t in store_tasks:
+                t.cancel()
+            for t in store_tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
+            for server in servers:
+                await server.stop()
+        if lost:
+            log.error("lost the lease; exiting")
+            return 1
+        return 0
+
+
+def default_identity() -> str:
+    return os.environ.get("POD_NAME") or f"{socket.gethostname()}_{os.getpid()}_{int(time.time())}"
+
+
+__all__ = ["CONTROLLER_NAME", "LEASES", "Manager", "Settings", "default_identity"]

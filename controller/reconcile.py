@@ -1,0 +1,234 @@
+"""One reconcile of one GangJob: observe (from the caches) -> plan (pure) -> act (through kube).
+
+All decisions are `controller.plan`'s; this module only gathers what plan needs and carries out
+what it returns, in a fixed order: the Service, pod deletions, pod creations, then **one**
+status write (conditional on the resourceVersion read, so a stale cache can never write an
+older epoch over a newer one), and only after that write succeeded, the Events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pydantic
+from opentelemetry.trace import Tracer
+
+from api.constants import API_VERSION, KIND
+from api.v1alpha1 import GangJob, GangJobStatus, dump_status, parse_gangjob
+from controller import tracing
+from controller.kube import (
+    CORE_EVENTS,
+    GANGJOBS,
+    PODS,
+    SERVICES,
+    AlreadyExists,
+    Conflict,
+    JsonDict,
+    Kube,
+    NotFound,
+)
+from controller.plan import EventSpec, Observed, Plan, PlanConfig, PodDelete, plan
+from controller.store import BY_GANGJOB, Store
+from controller.views import NodeView, PodView
+
+log = logging.getLogger(__name__)
+
+REPORTING_COMPONENT = "gangjob-controller"
+
+
+def _utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """The RFC 7386 merge patch that turns ``old`` into ``new`` (null removes a field)."""
+    patch: dict[str, Any] = {}
+    for key in old.keys() - new.keys():
+        patch[key] = None
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            sub = merge_patch(before, value)
+            if sub:
+                patch[key] = sub
+        elif value != before:
+            patch[key] = value
+    return patch
+
+
+@dataclass
+class Caches:
+    """The informer caches reconcile reads from."""
+
+    jobs: Store
+    pods: Store
+    nodes: Store
+    services: Store
+
+
+@dataclass
+class Outcome:
+    """What one pass did; `requeue_after` is when plan wants to look again."""
+
+    requeue_after: float | None = None
+    created: int = 0
+    deleted: int = 0
+    status_written: bool = False
+    events: list[EventSpec] = field(default_factory=list)
+
+
+class Reconciler:
+    """Reconciles GangJobs by key (``namespace/name``)."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        caches: Caches,
+        *,
+        config: PlanConfig | None = None,
+        tracer: Tracer | None = None,
+        now: Callable[[], dt.datetime] = _utcnow,
+        create_concurrency: int = 32,
+        identity: str = "gangjob-controller",
+    ) -> None:
+        self.kube = kube
+        self.caches = caches
+        self.config = config or PlanConfig()
+        self.tracer = tracer or tracing.get_tracer()
+        self.now = now
+        # Creating 1000 pods one by one takes ~30 s; the apiserver takes ~16-32 in flight well.
+        self._create_slots = asyncio.Semaphore(create_concurrency)
+        self.identity = identity
+
+    # -- observe ---------------------------------------------------------------------------
+    def observe(self, obj: JsonDict) -> Observed:
+        job = parse_gangjob(obj)
+        ns, name = job.metadata.namespace, job.metadata.name
+        pods = [PodView.from_pod(p) for p in self.caches.pods.by_index(BY_GANGJOB, f"{ns}/{name}")]
+        nodes = {v.name: v for v in (NodeView.from_node(n) for n in self.caches.nodes.list())}
+        service = self.caches.services.get(f"{ns}/{name}") is not None
+        return Observed(job=job, pods=pods, nodes=nodes, service_exists=service, now=self.now())
+
+    # -- the pass --------------------------------------------------------------------------
+    async def reconcile(self, key: str) -> Outcome:
+        obj = self.caches.jobs.get(key)
+        if obj is None:
+            return Outcome()  # deleted: its pods go with it (owner references, GC)
+        if obj.get("metadata", {}).get("deletionTimestamp"):
+            return Outcome()
+        ns, name = key.split("/", 1)
+        with tracing.reconcile_span(self.tracer, ns, name):
+            try:
+                observed = self.observe(obj)
+            except pydantic.ValidationError as e:
+                # The CRD's schema and CEL rules mirror the models, so this means an object
+                # written before the CRD was updated: say so instead of retrying forever.
+                log.error("GangJob %s does not parse; not reconciling it: %s", key, e)
+                return Outcome()
+            decided = plan(observed, self.config)
+            return await self.act(observed.job, obj, decided)
+
+    async def act(self, job: GangJob, obj: JsonDict, decided: Plan) -> Outcome:
+        ns, name = job.metadata.namespace, job.metadata.name
+        out = Outcome(requeue_after=decided.requeue_after)
+        if decided.create_service is not None:
+            with contextlib.suppress(AlreadyExists):
+                await self.kube.create(SERVICES, decided.create_service, ns)
+        for d in decided.delete_pods:
+            if await self._delete_pod(ns, d):
+                out.deleted += 1
+        if decided.create_pods:
+            results = await asyncio.gather(
+                *(self._create_pod(ns, pod) for pod in decided.create_pods)
+            )
+            out.created = sum(results)
+        out.status_written = await self._write_status(job, obj, decided.status)
+        # Events only once the status they describe is stored (a failed write re-plans them).
+        for ev in decided.events:
+            await self._event(job, ev)
+        out.events = list(decided.events)
+        if decided.delete_job:
+            with contextlib.suppress(NotFound):
+                await self.kube.delete(
+                    GANGJOBS, name, ns, uid=job.metadata.uid, propagation_policy="Background"
+                )
+        return out
+
+    async def _create_pod(self, ns: str, pod: JsonDict) -> bool:
+        async with self._create_slots:
+            try:
+                await self.kube.create(PODS, pod, ns)
+                return True
+            except AlreadyExists:
+                # Names are `<job>-<rank>`: the pod exists already (our cache lagged behind).
+                return False
+
+    async def _delete_pod(self, ns: str, d: PodDelete) -> bool:
+        try:
+            if d.mark_failed:
+                # A pod on a dead node never gets its status from the kubelet again: mark it
+                # Failed so that nothing (quota, PodGC, other controllers) counts it as running.
+                await self.kube.patch_status(
+                    PODS,
+                    d.name,
+                    {
+                        "metadata": {"uid": d.uid},
+                        "status": {"phase": "Failed", "reason": d.reason or "GangJobForceDelete"},
+                    },
+                    ns,
+                )
+            await self.kube.delete(
+                PODS, d.name, ns, grace_period_seconds=d.grace_seconds, uid=d.uid
+            )
+            return True
+        except (NotFound, Conflict):
+            return False  # gone already, or a newer pod of that name: nothing of ours to delete
+
+    async def _write_status(self, job: GangJob, obj: JsonDict, status: GangJobStatus) -> bool:
+        if status == job.status:
+            return False
+        old = obj.get("status") or {}
+        patch = merge_patch(old, dump_status(status))
+        if not patch:
+            return False
+        # Conditional on what we read: if the object moved on (our own previous write not yet in
+        # the cache, or a spec change) this raises Conflict and the key is requeued.
+        body = {"metadata": {"resourceVersion": job.metadata.resource_version}, "status": patch}
+        await self.kube.patch_status(GANGJOBS, job.metadata.name, body, job.metadata.namespace)
+        return True
+
+    async def _event(self, job: GangJob, ev: EventSpec) -> None:
+        now = self.now()
+        stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "metadata": {
+                "generateName": f"{job.metadata.name}.",
+                "namespace": job.metadata.namespace,
+            },
+            "involvedObject": {
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "name": job.metadata.name,
+                "namespace": job.metadata.namespace,
+                "uid": job.metadata.uid,
+            },
+            "type": ev.type,
+            "reason": ev.reason,
+            "message": ev.message,
+            "source": {"component": REPORTING_COMPONENT},
+            "reportingComponent": REPORTING_COMPONENT,
+            "reportingInstance": self.identity,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        try:
+            await self.kube.create(CORE_EVENTS, body, job.metadata.namespace)
+        except Exception as e:  # an Event is best effort: never fail a reconcile for one
+            log.warning("event %s for %s not recorded: %s", ev.reason, job.metadata.name, e)
