@@ -1,0 +1,385 @@
+"""The agent's state machine, in both restart modes (DESIGN.md section 3): choose the epoch to
+arrive at, arrive, wait at the barrier, then in `Pod` mode open the probe and exit with
+`RESTART_EXIT_CODE` when the gang moves on, in `Process` mode run the trainer and restart it
+in place at each new epoch.
+
+An `Agent` is a plain object on the running event loop: `await Agent(config, api).run()` returns
+the exit code the pod's process would exit with. Tests and benchmarks run thousands side by
+side in one process; the pod runs exactly one through `agent.cli`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, TypeVar
+
+from agent.apiclient import Api, ClientError
+from agent.arrival import AnnotationArrival, Arrival
+from agent.config import Config
+from agent.constants import ENV_DIR, ENV_EPOCH, EPOCH_FILE, RESTART_EXIT_CODE
+from agent.probe import ProbeServer
+from agent.protocol import Backoff, Barrier, JobState, arrived_epoch, barrier, target_epoch
+from agent.trainer import Trainer
+from agent.watch import JobWatcher
+
+R = TypeVar("R")
+
+STOPPED_EXIT_CODE = 143
+"""`Process` mode, asked to stop with no trainer running: as if killed by SIGTERM."""
+
+
+class Mode(StrEnum):
+    """`spec.restart.mode` values the agent implements (`Recreate` needs no agent)."""
+
+    POD = "Pod"
+    PROCESS = "Process"
+
+
+class Step(StrEnum):
+    """Where the agent is in the protocol (for logs, tests and benchmarks)."""
+
+    STARTING = "starting"
+    WAITING_FOR_EPOCH = "waiting-for-epoch"
+    """Failed at its epoch (or its trainer did): waits for the controller to raise it."""
+    ARRIVING = "arriving"
+    AT_BARRIER = "at-barrier"
+    RUNNING = "running"
+    """Barrier open: `Pod` mode's probe says so; `Process` mode's trainer runs."""
+    STOPPING = "stopping"
+    DONE = "done"
+
+
+@dataclass(frozen=True)
+class AgentState:
+    step: Step = Step.STARTING
+    epoch: int | None = None
+    """The epoch the agent targets (arrived at, or arriving at)."""
+    barrier_open: bool = False
+    trainer_pid: int | None = None
+    trainer_runs: int = 0
+    last_exit: tuple[int, int] | None = None
+    """`Process` mode: (epoch, code) of the trainer's last exit on its own."""
+    exit_code: int | None = None
+    """What `run()` returned, once DONE."""
+    since: float = 0.0
+    """`time.monotonic()` when the step began."""
+
+
+class Stopped(Exception):
+    """`stop()` was called: unwind, stopping the trainer on the way."""
+
+
+class Agent:
+    """One worker's agent. `run()` once, as a task; `stop()` to end it early."""
+
+    def __init__(
+        self,
+        config: Config,
+        api: Api,
+        *,
+        mode: Mode = Mode.POD,
+        command: Sequence[str] = (),
+        arrival: Arrival | None = None,
+        env: Mapping[str, str] | None = None,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        if mode is Mode.PROCESS and not command:
+            raise ValueError("Process mode needs the trainer's command")
+        self.config = config
+        self.mode = mode
+        self.command = list(command)
+        self._api = api
+        self._arrival = arrival or AnnotationArrival(api, config.pod_path)
+        self._env = dict(os.environ if env is None else env)
+        self.log = logging.LoggerAdapter(
+            logger or logging.getLogger("agent"), {"pod": config.pod_name}
+        )
+        self._watcher = JobWatcher(api, config, self.log)
+        self._state = AgentState(since=time.monotonic())
+        self._changed = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._probe: ProbeServer | None = None
+        self._probe_ready = asyncio.Event()
+        self._trainer: Trainer | None = None
+        self._watch_task: asyncio.Task[None] | None = None
+        self._stop_task: asyncio.Task[bool] | None = None
+
+    # observing
+
+    @property
+    def state(self) -> AgentState:
+        return self._state
+
+    @property
+    def job(self) -> JobState | None:
+        """The agent's latest view of its GangJob."""
+        return self._watcher.state
+
+    async def wait_for(self, predicate: Callable[[AgentState], bool]) -> AgentState:
+        """The first state (the current one included) for which `predicate` holds."""
+        while not predicate(self._state):
+            await self._changed.wait()
+        return self._state
+
+    async def probe_port(self) -> int:
+        """The probe's port once it listens (`Pod` mode with `config.probe_port` set)."""
+        await self._probe_ready.wait()
+        if self._probe is None:
+            raise RuntimeError("this agent serves no probe")
+        return self._probe.port
+
+    def _set(self, **changes: Any) -> None:
+        if "step" in changes and changes["step"] != self._state.step:
+            changes["since"] = time.monotonic()
+        self._state = dataclasses.replace(self._state, **changes)
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    # running
+
+    def stop(self) -> None:
+        """Asks `run()` to end: `Process` mode stops the trainer first (SIGTERM, then SIGKILL
+        after the grace) and returns its exit code."""
+        self._stop.set()
+
+    async def run(self) -> int:
+        """Runs the protocol; returns the exit code for the pod's process."""
+        self._watch_task = asyncio.create_task(self._watcher.run())
+        self._stop_task = asyncio.create_task(self._stop.wait())
+        try:
+            if self.mode is Mode.POD and self.config.probe_port is not None:
+                self._probe = ProbeServer(
+                    self.config.probe_host,
+                    self.config.probe_port,
+                    lambda: self._state.barrier_open,
+                )
+                await self._probe.start()
+            self._probe_ready.set()
+            if self.mode is Mode.POD:
+                code = await self._run_pod()
+            else:
+                code = await self._run_process()
+        except Stopped:
+            code = await self._stopped()
+        finally:
+            self._probe_ready.set()
+            for task in (self._watch_task, self._stop_task):
+                task.cancel()
+            if self._trainer is not None:  # an error unwound past a running trainer
+                await self._trainer.stop(self.config.kill_grace_seconds)
+            if self._probe is not None:
+                await self._probe.close()
+        self._set(step=Step.DONE, exit_code=code, barrier_open=False)
+        return code
+
+    async def _stopped(self) -> int:
+        self.log.info("asked to stop")
+        if self.mode is Mode.POD:
+            return 0
+        if self._trainer is None:
+            return STOPPED_EXIT_CODE
+        self._set(step=Step.STOPPING)
+        self.log.info("stopping the trainer (grace %.0fs)", self.config.kill_grace_seconds)
+        code = await self._trainer.stop(self.config.kill_grace_seconds)
+        self._trainer = None
+        self.log.info("trainer exited with code %d", code)
+        return code
+
+    async def _run_pod(self) -> int:
+        target = await self._initial_target()
+        await self._arrive(target)
+        state = await self._wait_barrier(target)
+        if barrier(state, target) is Barrier.MOVED:
+            self.log.info(
+                "gang moved to epoch %d before the barrier of %d opened: exiting %d to restart",
+                state.epoch,
+                target,
+                RESTART_EXIT_CODE,
+            )
+            return RESTART_EXIT_CODE
+        state = await self._wait_job(lambda s: s.epoch > target or s.finished)
+        if state.epoch <= target:
+            self.log.info("job %s: idle until the kubelet stops the pod", state.phase)
+            state = await self._wait_job(lambda s: s.epoch > target)
+        self._set(barrier_open=False, step=Step.STOPPING)
+        self.log.info(
+            "gang moved to epoch %d: exiting %d to restart the pod",
+            state.epoch,
+            RESTART_EXIT_CODE,
+        )
+        return RESTART_EXIT_CODE
+
+    async def _run_process(self) -> int:
+        target = await self._initial_target()
+        while True:
+            await self._arrive(target)
+            state = await self._wait_barrier(target)
+            if barrier(state, target) is Barrier.MOVED:
+                self.log.info("gang moved to epoch %d before the barrier opened", state.epoch)
+                target = state.epoch
+                continue
+            moved, code = await self._run_trainer(target)
+            if moved is not None:
+                target = moved.epoch
+                continue
+            finished = await self._after_exit(target, code)
+            if finished is not None:
+                return finished
+            target = self._job_state().epoch
+
+    async def _after_exit(self, target: int, code: int) -> int | None:
+        """Reports the trainer's exit at `target`; returns the agent's exit code if the worker is
+        done, else None once the gang moved past `target`."""
+        self._set(step=Step.ARRIVING, last_exit=(target, code))
+        await self._retry(
+            f"reporting exit {target}:{code}", lambda: self._arrival.arrive(target, (target, code))
+        )
+        self.log.info("reported trainer exit %d at epoch %d", code, target)
+        if code == 0:
+            self.log.info("worker done")
+            return 0
+        # The controller classifies the exit: a restart raises the epoch, a failure ends the job.
+        self._set(step=Step.WAITING_FOR_EPOCH)
+        state = await self._wait_job(lambda s: s.epoch > target or s.finished)
+        if state.epoch > target:
+            return None
+        result = code if state.phase == "Failed" else 0
+        self.log.info("job %s: exiting with code %d", state.phase, result)
+        return result
+
+    def _job_state(self) -> JobState:
+        state = self._watcher.state
+        assert state is not None  # set before any wait on it returned
+        return state
+
+    async def _run_trainer(self, target: int) -> tuple[JobState | None, int]:
+        """Runs the trainer at `target` until it exits (None, code), or the gang moves on and it
+        is stopped (the new job state, its code)."""
+        env = dict(self._env)
+        env[ENV_EPOCH] = str(target)
+        env[ENV_DIR] = str(self.config.dir)
+        trainer = Trainer(self.command, env)
+        self._trainer = trainer
+        await trainer.start()
+        runs = self._state.trainer_runs + 1
+        self._set(step=Step.RUNNING, trainer_pid=trainer.pid, trainer_runs=runs)
+        self.log.info("trainer started at epoch %d (pid %s)", target, trainer.pid)
+        exited = asyncio.create_task(trainer.wait())
+        moved = asyncio.create_task(self._watcher.wait_for(lambda s: s.epoch > target))
+        try:
+            await self._first(exited, moved)
+        finally:
+            exited.cancel()
+            moved.cancel()
+        # Both at once: the trainer most likely died of the restart (its peers went away);
+        # the new epoch wins and its exit is not reported against the old one.
+        if moved.done() and not moved.cancelled():
+            state = moved.result()
+            self._set(step=Step.STOPPING)
+            self.log.info("gang moved to epoch %d: stopping the trainer", state.epoch)
+            code = await trainer.stop(self.config.kill_grace_seconds)
+            self._trainer = None
+            self._set(trainer_pid=None)
+            self.log.info("trainer stopped (exit code %d)", code)
+            return state, code
+        code = exited.result()
+        self._trainer = None
+        self._set(trainer_pid=None)
+        self.log.info("trainer exited with code %d at epoch %d", code, target)
+        return None, code
+
+    # protocol steps
+
+    async def _initial_target(self) -> int:
+        pod = await self._retry("reading own pod", lambda: self._api.get(self.config.pod_path))
+        arrived = arrived_epoch(pod)
+        state = await self._wait_job(lambda s: True)
+        target = target_epoch(arrived, state.epoch)
+        if target is not None:
+            return target
+        assert arrived is not None
+        self._set(step=Step.WAITING_FOR_EPOCH, epoch=arrived)
+        self.log.info(
+            "pod already arrived at epoch %d (failed there): waiting for the next epoch", arrived
+        )
+        state = await self._wait_job(lambda s: s.epoch > arrived)
+        return state.epoch
+
+    async def _arrive(self, target: int) -> None:
+        self._set(step=Step.ARRIVING, epoch=target, barrier_open=False)
+        await self._retry(f"arriving at epoch {target}", lambda: self._arrival.arrive(target))
+        self.log.info("arrived at epoch %d", target)
+
+    async def _wait_barrier(self, target: int) -> JobState:
+        """Waits at the barrier of `target`; once open, writes the epoch file and opens the probe.
+        Returns the job state that ended the wait."""
+        self._set(step=Step.AT_BARRIER)
+        started = time.monotonic()
+        state = await self._wait_job(lambda s: barrier(s, target) is not Barrier.WAIT)
+        if barrier(state, target) is Barrier.OPEN:
+            self._write_epoch_file(target)
+            # Process mode is RUNNING once its trainer is.
+            step = Step.RUNNING if self.mode is Mode.POD else Step.AT_BARRIER
+            self._set(step=step, barrier_open=True)
+            self.log.info("barrier open at %d after %.2fs", target, time.monotonic() - started)
+        return state
+
+    def _write_epoch_file(self, epoch: int) -> None:
+        # tmp + rename: the trainer never reads a half-written number.
+        path = self.config.dir / EPOCH_FILE
+        tmp = path.with_name(f".{EPOCH_FILE}.tmp")
+        try:
+            self.config.dir.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(f"{epoch}\n")
+            os.replace(tmp, path)
+        except OSError as e:
+            # Not fatal: the barrier matters more than the file, and Process mode also passes
+            # the epoch in the environment.
+            self.log.error("cannot write %s: %s", path, e)
+
+    # waiting
+
+    async def _wait_job(self, predicate: Callable[[JobState], bool]) -> JobState:
+        waiter = asyncio.create_task(self._watcher.wait_for(predicate))
+        try:
+            await self._first(waiter)
+        finally:
+            waiter.cancel()
+        return waiter.result()
+
+    async def _first(self, *tasks: asyncio.Task[Any]) -> None:
+        """Waits until one of `tasks` is done; raises `Stopped` on `stop()` and the watcher's
+        error if it died (a bug: it retries every API failure itself)."""
+        assert self._stop_task is not None
+        assert self._watch_task is not None
+        await asyncio.wait(
+            {*tasks, self._stop_task, self._watch_task}, return_when=asyncio.FIRST_COMPLETED
+        )
+        if any(t.done() for t in tasks):
+            return
+        if self._stop_task.done():
+            raise Stopped
+        self._watch_task.result()
+        raise RuntimeError("job watcher ended")
+
+    async def _retry(self, what: str, call: Callable[[], Awaitable[R]]) -> R:
+        """`call()` until it succeeds, with backoff; `Stopped` on `stop()`."""
+        backoff = Backoff(self.config.backoff_initial, self.config.backoff_max)
+        while True:
+            try:
+                return await call()
+            except ClientError as e:
+                delay = backoff.next()
+                self.log.warning("%s failed (%s); retrying in %.1fs", what, e, delay)
+            sleep = asyncio.create_task(asyncio.sleep(delay))
+            try:
+                await self._first(sleep)
+            finally:
+                sleep.cancel()

@@ -1,0 +1,98 @@
+"""The agent's command line, as the pod runs it:
+
+    python3 -m agent sidecar              # Pod mode: native sidecar, barrier probe
+    python3 -m agent wrap -- CMD ARGS...  # Process mode: runs CMD, restarts it per epoch
+    python3 agent.pyz sidecar             # the same from the zipapp
+
+Reads its settings from the pod's environment (`Config.from_env`, the service account) and
+turns the agent's outcome into the process exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from agent.agent import Agent, Mode
+from agent.apiclient import HttpClient
+from agent.config import Config, ConfigError
+from agent.constants import (
+    DEFAULT_AGENT_PORT,
+    DEFAULT_DIR,
+    DEFAULT_KILL_GRACE_SECONDS,
+    ENV_AGENT_PORT,
+    ENV_DIR,
+    ENV_EPOCH,
+    ENV_GANGJOB_NAME,
+    ENV_KILL_GRACE_SECONDS,
+    ENV_POD_NAME,
+    ENV_POD_NAMESPACE,
+    RESTART_EXIT_CODE,
+)
+
+USAGE_EXIT_CODE = 2
+
+EPILOG = f"""\
+environment:
+  {ENV_GANGJOB_NAME}, {ENV_POD_NAME}, {ENV_POD_NAMESPACE}   required (downward API)
+  {ENV_AGENT_PORT}   barrier probe port (sidecar; default {DEFAULT_AGENT_PORT})
+  {ENV_DIR}   shared directory for the `epoch` file (default {DEFAULT_DIR})
+  {ENV_KILL_GRACE_SECONDS}   SIGTERM to SIGKILL of the trainer (wrap; default \
+{DEFAULT_KILL_GRACE_SECONDS:g})
+  KUBERNETES_SERVICE_HOST/_PORT and the service account reach the apiserver.
+The trainer gets {ENV_EPOCH} (wrap). Exit codes: sidecar {RESTART_EXIT_CODE} = the gang moved to a
+new epoch (restart the pod); wrap = the trainer's code once done or failed for good.
+"""
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="agent",
+        description="GangJob in-pod agent: arrives at restart epochs and holds the barrier.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = p.add_subparsers(dest="mode", required=True, metavar="{sidecar,wrap}")
+    sub.add_parser("sidecar", help="Pod mode: native sidecar serving the barrier probe")
+    wrap = sub.add_parser("wrap", help="Process mode: run and restart the trainer command")
+    wrap.add_argument("command", nargs=argparse.REMAINDER, help="-- the trainer's argv")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    command: list[str] = list(getattr(args, "command", None) or [])
+    if command and command[0] == "--":
+        command = command[1:]
+    if args.mode == "wrap" and not command:
+        print("agent: error: wrap needs the trainer's command after --", file=sys.stderr)
+        return USAGE_EXIT_CODE
+    logging.basicConfig(level=logging.INFO, format="agent: %(message)s", stream=sys.stderr)
+    try:
+        config = Config.from_env()
+        api = HttpClient.in_cluster()
+    except (ConfigError, ValueError, OSError) as e:
+        print(f"agent: error: {e}", file=sys.stderr)
+        return USAGE_EXIT_CODE
+    mode = Mode.POD if args.mode == "sidecar" else Mode.PROCESS
+    return asyncio.run(_run(Agent(config, api, mode=mode, command=command)))
+
+
+async def _run(agent: Agent) -> int:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, agent.stop)
+    agent.log.info(
+        "starting: %s mode, pod %s/%s, gangjob %s",
+        agent.mode,
+        agent.config.namespace,
+        agent.config.pod_name,
+        agent.config.job_name,
+    )
+    code = await agent.run()
+    agent.log.info("exiting with code %d", code)
+    return code

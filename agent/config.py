@@ -1,0 +1,96 @@
+"""The agent's configuration: which pod and GangJob it serves, where it writes the epoch, its
+probe port and its timings. From the pod's environment, or given directly in-process."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.constants import (
+    DEFAULT_AGENT_PORT,
+    DEFAULT_DIR,
+    DEFAULT_KILL_GRACE_SECONDS,
+    ENV_AGENT_PORT,
+    ENV_DIR,
+    ENV_GANGJOB_NAME,
+    ENV_KILL_GRACE_SECONDS,
+    ENV_POD_NAME,
+    ENV_POD_NAMESPACE,
+    GROUP,
+    PLURAL,
+    VERSION,
+)
+
+
+class ConfigError(ValueError):
+    """The environment lacks or garbles a setting; the message names the variable."""
+
+
+@dataclass(frozen=True)
+class Config:
+    job_name: str
+    pod_name: str
+    namespace: str
+    dir: Path = Path(DEFAULT_DIR)
+    """Shared with the trainer (an emptyDir in a pod): the agent writes `epoch` there."""
+    probe_port: int | None = DEFAULT_AGENT_PORT
+    """`Pod` mode's barrier probe; 0 picks a free port, None serves none (in-process fleets)."""
+    probe_host: str = "0.0.0.0"
+    kill_grace_seconds: float = DEFAULT_KILL_GRACE_SECONDS
+    """`Process` mode: SIGTERM to SIGKILL of the trainer's process group."""
+    watch_timeout_seconds: int = 300
+    """Asked of the apiserver per watch; each agent adds up to as much again at random, so a
+    fleet started together does not reconnect together."""
+    watch_inactivity_seconds: float = 90.0
+    """A watch silent this long is dead. Above the apiserver's ~60 s bookmark period."""
+    backoff_initial: float = 0.2
+    backoff_max: float = 10.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
+        """From a pod's environment (names through the downward API)."""
+        env = os.environ if env is None else env
+
+        def need(name: str) -> str:
+            value = env.get(name, "").strip()
+            if not value:
+                raise ConfigError(f"{name} is not set (the pod builder passes it)")
+            return value
+
+        def number(name: str, default: float) -> float:
+            raw = env.get(name, "").strip()
+            if not raw:
+                return default
+            try:
+                value = float(raw)
+            except ValueError:
+                raise ConfigError(f"{name}={raw!r}: not a number") from None
+            if value < 0:
+                raise ConfigError(f"{name}={raw!r}: must not be negative")
+            return value
+
+        port = number(ENV_AGENT_PORT, DEFAULT_AGENT_PORT)
+        if port != int(port) or not 0 < port < 65536:
+            raise ConfigError(f"{ENV_AGENT_PORT}={env.get(ENV_AGENT_PORT)!r}: not a port")
+        return cls(
+            job_name=need(ENV_GANGJOB_NAME),
+            pod_name=need(ENV_POD_NAME),
+            namespace=need(ENV_POD_NAMESPACE),
+            dir=Path(env.get(ENV_DIR, "").strip() or DEFAULT_DIR),
+            probe_port=int(port),
+            kill_grace_seconds=number(ENV_KILL_GRACE_SECONDS, DEFAULT_KILL_GRACE_SECONDS),
+        )
+
+    @property
+    def job_path(self) -> str:
+        return f"{self.jobs_path}/{self.job_name}"
+
+    @property
+    def jobs_path(self) -> str:
+        return f"/apis/{GROUP}/{VERSION}/namespaces/{self.namespace}/{PLURAL}"
+
+    @property
+    def pod_path(self) -> str:
+        return f"/api/v1/namespaces/{self.namespace}/pods/{self.pod_name}"

@@ -1,0 +1,128 @@
+"""The agent's side of the restart protocol as pure functions (DESIGN.md section 3): the view of
+its GangJob it reacts to, which epoch to arrive at, whether the barrier is open, how to read
+and write its pod's annotations, and the reconnect backoff. No I/O here.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from agent.constants import ANNOTATION_EPOCH, ANNOTATION_EXIT
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True)
+class JobState:
+    """What the agent reads of its GangJob: `status.epoch`, `status.barrierEpoch`, `phase`."""
+
+    epoch: int = 0
+    barrier_epoch: int | None = None
+    phase: str | None = None
+    resource_version: str = ""
+
+    @classmethod
+    def from_object(cls, obj: dict[str, Any]) -> JobState:
+        """From a GangJob dict; a missing or malformed field reads as its default, because the
+        controller may not have written a status yet."""
+        status = obj.get("status")
+        if not isinstance(status, dict):
+            status = {}
+        meta = obj.get("metadata")
+        rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
+        phase = status.get("phase")
+        return cls(
+            epoch=_int(status.get("epoch")) or 0,
+            barrier_epoch=_int(status.get("barrierEpoch")),
+            phase=phase if isinstance(phase, str) else None,
+            resource_version=rv if isinstance(rv, str) else "",
+        )
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in TERMINAL_PHASES
+
+
+def _int(value: Any) -> int | None:
+    # bool is an int in Python, and never a valid epoch.
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
+def target_epoch(arrived: int | None, epoch: int) -> int | None:
+    """The epoch a (re)starting worker arrives at, or None: wait for `status.epoch > arrived`.
+
+    `arrived` is its pod's `gangjob.io/epoch`, `epoch` the job's `status.epoch`. A pod that never
+    arrived, or arrived below the gang, joins the gang's epoch. A pod already arrived at (or, if
+    something went wrong, above) the gang's epoch has just failed there — its pod restarted under
+    it — and must not rejoin a gang that is already running: it waits for the next epoch.
+    """
+    if arrived is None or arrived < epoch:
+        return epoch
+    return None
+
+
+class Barrier(StrEnum):
+    """Where a worker arrived at epoch T stands."""
+
+    WAIT = "wait"
+    OPEN = "open"
+    MOVED = "moved"
+    """The gang moved past T (`status.epoch > T`): stop, and arrive at the new epoch."""
+
+
+def barrier(state: JobState, target: int) -> Barrier:
+    if state.epoch > target:
+        return Barrier.MOVED
+    if state.barrier_epoch == target:
+        return Barrier.OPEN
+    return Barrier.WAIT
+
+
+def arrived_epoch(pod: dict[str, Any]) -> int | None:
+    """The pod's `gangjob.io/epoch` annotation; None when absent or not an epoch."""
+    meta = pod.get("metadata")
+    annotations = meta.get("annotations") if isinstance(meta, dict) else None
+    value = annotations.get(ANNOTATION_EPOCH) if isinstance(annotations, dict) else None
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return None
+
+
+def arrival_patch(epoch: int, exit: tuple[int, int] | None = None) -> dict[str, Any]:
+    """The merge-patch of a pod's annotations that arrives at `epoch` and, in the same write,
+    reports a trainer exit as `<epoch>:<code>`."""
+    annotations = {ANNOTATION_EPOCH: str(epoch)}
+    if exit is not None:
+        annotations[ANNOTATION_EXIT] = f"{exit[0]}:{exit[1]}"
+    return {"metadata": {"annotations": annotations}}
+
+
+def exit_status(returncode: int) -> int:
+    """A process's exit status as a shell reports it: killed by signal N -> 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class Backoff:
+    """Bounded exponential backoff with jitter, so a fleet of agents that lost the apiserver
+    together does not come back in lockstep."""
+
+    def __init__(
+        self, initial: float = 0.2, maximum: float = 10.0, rng: random.Random | None = None
+    ) -> None:
+        self.initial = initial
+        self.maximum = maximum
+        self._failures = 0
+        self._rng = rng or random.Random()
+
+    def next(self) -> float:
+        ceiling = min(self.maximum, self.initial * 2.0**self._failures)
+        self._failures = min(self._failures + 1, 64)
+        return self._rng.uniform(max(self.initial, ceiling / 2), ceiling)
+
+    def reset(self) -> None:
+        self._failures = 0
