@@ -69,7 +69,7 @@ class ApiError(ClientError):
 class Api(Protocol):
     """What the agent needs of the API: the real `HttpClient`, or a fake in tests."""
 
-    async def get(self, path: str) -> JsonDict: ...
+    async def get(self, path: str, params: Mapping[str, str] | None = None) -> JsonDict: ...
 
     async def merge_patch(self, path: str, patch: JsonDict) -> JsonDict: ...
 
@@ -324,8 +324,9 @@ class HttpClient:
 
     # verbs
 
-    async def get(self, path: str) -> JsonDict:
-        return await self._json("GET", path, None, None)
+    async def get(self, path: str, params: Mapping[str, str] | None = None) -> JsonDict:
+        target = f"{path}?{urlencode(dict(params))}" if params else path
+        return await self._json("GET", target, None, None)
 
     async def merge_patch(self, path: str, patch: JsonDict) -> JsonDict:
         return await self._json("PATCH", path, json.dumps(patch).encode(), MERGE_PATCH)

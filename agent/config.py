@@ -84,10 +84,6 @@ class Config:
         )
 
     @property
-    def job_path(self) -> str:
-        return f"{self.jobs_path}/{self.job_name}"
-
-    @property
     def jobs_path(self) -> str:
         return f"/apis/{GROUP}/{VERSION}/namespaces/{self.namespace}/{PLURAL}"
 

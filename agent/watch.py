@@ -1,6 +1,13 @@
-"""Keeps the agent's view of its one GangJob current: GET, then watch it by name from that
-resourceVersion (with bookmarks), re-GET on 410 or an ERROR event, and reconnect with backoff on
-any failure, so an apiserver restart or a dropped stream is survived."""
+"""Keeps the agent's view of its one GangJob current: read it, then watch it by name from that
+resourceVersion (with bookmarks), read again on 410 or an ERROR event, and reconnect with backoff
+on any failure, so an apiserver restart or a dropped stream is survived.
+
+The read is a list filtered by name, not a GET of the object: a GET returns the object's own
+resourceVersion, i.e. its last change, which the apiserver's watch cache forgets after a few
+minutes of other writes; a watch from it then fails with 410 "too old resource version" however
+often it is read again (seen on the sim cluster: object at 16, cache at 1164). The list's
+resourceVersion is the current one, at the same cost.
+"""
 
 from __future__ import annotations
 
@@ -27,6 +34,8 @@ class JobWatcher:
         self.state: JobState | None = None
         self._changed = asyncio.Event()
         self._backoff = Backoff(config.backoff_initial, config.backoff_max)
+        self._fresh = False
+        """The resourceVersion watched from comes from a read, and no event came since."""
 
     async def wait_for(self, predicate: Callable[[JobState], bool]) -> JobState:
         """The first state (the current one included) for which `predicate` holds."""
@@ -49,29 +58,40 @@ class JobWatcher:
             changed.set()
 
     async def run(self) -> None:
-        config = self._config
         resource_version: str | None = None
         while True:
             try:
                 if resource_version is None:
-                    obj = await self._api.get(config.job_path)
-                    state = JobState.from_object(obj)
-                    self._publish(state)
-                    resource_version = state.resource_version
+                    resource_version = await self._read()
+                    self._fresh = True
                 resource_version = await self._watch(resource_version)
                 continue  # the server ended the watch (timeoutSeconds): resume at once
             except ApiError as e:
-                if e.gone:
+                if e.gone and not self._fresh:
                     self._log.info("watch: resourceVersion expired, reading the job again")
                     resource_version = None
                     continue
-                failure: ClientError = e
+                failure: ClientError = e  # a 410 right after a read must not spin: back off
             except ClientError as e:
                 failure = e
             delay = self._backoff.next()
             self._log.warning("watch of gangjob failed (%s); retrying in %.1fs", failure, delay)
             resource_version = None if isinstance(failure, ApiError) else resource_version
             await asyncio.sleep(delay)
+
+    async def _read(self) -> str:
+        """Reads the job, publishes its state; returns the resourceVersion to watch from."""
+        config = self._config
+        listed = await self._api.get(
+            config.jobs_path, {"fieldSelector": f"metadata.name={config.job_name}"}
+        )
+        items = listed.get("items")
+        if not isinstance(items, list) or not items or not isinstance(items[0], dict):
+            raise ApiError(404, "NotFound", f"gangjob {config.job_name} not found")
+        self._publish(JobState.from_object(items[0]))
+        meta = listed.get("metadata")
+        rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
+        return rv if isinstance(rv, str) else ""
 
     async def _watch(self, resource_version: str) -> str | None:
         """One watch from `resource_version`; returns where to resume (None: GET again)."""
@@ -101,6 +121,7 @@ class JobWatcher:
                         str(obj.get("message", "watch ERROR event")),
                     )
                 self._backoff.reset()
+                self._fresh = False
                 state = JobState.from_object(obj)
                 if state.resource_version:
                     resource_version = state.resource_version

@@ -139,7 +139,7 @@ def test_config_from_env() -> None:
         pathlib.Path("/gangjob"),
         10.0,
     )
-    assert config.job_path == "/apis/gangjob.io/v1alpha1/namespaces/n/gangjobs/j"
+    assert config.jobs_path == "/apis/gangjob.io/v1alpha1/namespaces/n/gangjobs"
     assert config.pod_path == "/api/v1/namespaces/n/pods/j-0"
     env |= {"GANGJOB_AGENT_PORT": "8000", "GANGJOB_DIR": "/x", "GANGJOB_KILL_GRACE_SECONDS": "2.5"}
     config = Config.from_env(env)
@@ -241,15 +241,18 @@ class FakeApi:
         wake, self._wake = self._wake, asyncio.Event()
         wake.set()
 
-    async def get(self, path: str) -> JsonDict:
+    async def get(self, path: str, params: Mapping[str, str] | None = None) -> JsonDict:
         await asyncio.sleep(0)
         if self.fail_gets:
             self.fail_gets -= 1
             raise TransportError("injected")
         name = path.rsplit("/", 1)[1]
-        if "/gangjobs/" in path:
+        if path.endswith("/gangjobs"):
+            # As the apiserver: the list's resourceVersion is the latest, the item's its own.
+            assert params == {"fieldSelector": f"metadata.name={JOB}"}
             self.job_gets += 1
-            return copy.deepcopy(self.job)
+            meta = {"resourceVersion": str(self.rv)}
+            return {"metadata": meta, "items": [copy.deepcopy(self.job)] if self.job else []}
         if name not in self.pods:
             raise ApiError(404, "NotFound")
         return copy.deepcopy(self.pods[name])
@@ -260,6 +263,7 @@ class FakeApi:
             self.fail_patches -= 1
             raise ApiError(503, "ServiceUnavailable")
         name = path.rsplit("/", 1)[1]
+        self.rv += 1  # one revision counter for all objects, as etcd's
         self.patches.append((name, patch))
         self.annotations(name).update(patch["metadata"]["annotations"])
         self._notify()
@@ -427,6 +431,25 @@ async def test_survives_broken_watches_410_and_failed_writes(tmp_path: pathlib.P
         await until(a, lambda s: s.barrier_open)
         fake.set_status(epoch=1)
         assert await asyncio.wait_for(task, DEADLINE) == RESTART_EXIT_CODE
+
+
+async def test_watches_a_job_unchanged_for_longer_than_the_watch_window(
+    tmp_path: pathlib.Path,
+) -> None:
+    fake = FakeApi(epoch=0)
+    fake.add_pod("train-0")
+    for rank in range(1, 4):
+        fake.add_pod(f"train-{rank}")
+        await fake.merge_patch(f"/pods/train-{rank}", arrival_patch(0))  # other writes...
+    fake.compact()  # ...and the job's own resourceVersion has left the watch window
+    a = Agent(make_config(tmp_path), fake)
+    async with running(a) as task:
+        await until(a, at(Step.AT_BARRIER, 0))
+        fake.set_status(barrierEpoch=0)
+        await until(a, lambda s: s.barrier_open)
+        fake.set_status(epoch=1)
+        assert await asyncio.wait_for(task, DEADLINE) == RESTART_EXIT_CODE
+    assert fake.job_gets == 1
 
 
 async def test_a_thousand_agents_in_one_process(tmp_path: pathlib.Path) -> None:
