@@ -10,7 +10,7 @@ import contextlib
 import os
 import pathlib
 import ssl
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -131,9 +131,14 @@ class Fleet:
         self.clients: list[HttpClient] = []
 
     def start(
-        self, rank: int, mode: Mode = Mode.POD, command: Sequence[str] = (), **env: str
+        self,
+        rank: int,
+        mode: Mode = Mode.POD,
+        command: Sequence[str] = (),
+        client: HttpClient | None = None,
+        **tuning: Any,
     ) -> Agent:
-        client = HttpClient(self.server, ssl_context=self.tls)
+        client = client or HttpClient(self.server, ssl_context=self.tls)
         self.clients.append(client)
         config = Config(
             job_name=JOB,
@@ -143,8 +148,9 @@ class Fleet:
             probe_port=0 if mode is Mode.POD else None,
             probe_host="127.0.0.1",
             kill_grace_seconds=5.0,
+            **tuning,
         )
-        agent = Agent(config, client, mode=mode, command=command, env={**os.environ, **env})
+        agent = Agent(config, client, mode=mode, command=command)
         self.tasks[agent] = asyncio.create_task(agent.run())
         return agent
 
@@ -252,3 +258,43 @@ async def test_process_mode_restarts_the_trainer_in_place_and_reports_exits(
     flaky.stop()
     assert await fleet.result(sleeper) == 128 + 15
     assert await fleet.result(flaky) == 128 + 15
+
+
+class CountingClient(HttpClient):
+    """Counts the watches it opened, and lets a test wait for a count."""
+
+    def __init__(self, server: str, **kwargs: Any) -> None:
+        super().__init__(server, **kwargs)
+        self.watches = 0
+        self._opened = asyncio.Event()
+
+    def watch(
+        self, path: str, params: Mapping[str, str], *, inactivity_timeout: float = 90.0
+    ) -> AsyncGenerator[JsonDict, None]:
+        self.watches += 1
+        opened, self._opened = self._opened, asyncio.Event()
+        opened.set()
+        return super().watch(path, params, inactivity_timeout=inactivity_timeout)
+
+    async def until_watches(self, n: int) -> None:
+        async with asyncio.timeout(DEADLINE):
+            while self.watches < n:
+                await self._opened.wait()
+
+
+async def test_watch_resumes_across_server_timeouts(
+    sim_kube: Kube, namespace: str, fleet: Fleet
+) -> None:
+    await create_gang(sim_kube, namespace, 1)
+    client = CountingClient(fleet.server, ssl_context=fleet.tls)
+    # The apiserver ends each watch after 1-2 s; the agent resumes from the last
+    # resourceVersion each time, and misses nothing written in between.
+    agent = fleet.start(0, client=client, watch_timeout_seconds=1)
+    await until([agent], at(Step.AT_BARRIER, 0))
+    await set_status(sim_kube, namespace, phase="Running")
+    await client.until_watches(3)
+    await set_status(sim_kube, namespace, barrierEpoch=0)
+    await until([agent], lambda s: s.barrier_open)
+    await client.until_watches(client.watches + 2)
+    await set_status(sim_kube, namespace, epoch=1)
+    assert await fleet.result(agent) == RESTART_EXIT_CODE
