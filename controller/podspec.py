@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 from api.constants import (
     ANNOTATION_EPOCH,
@@ -22,8 +22,8 @@ from api.constants import (
     LABEL_NAME,
     LABEL_RANK,
 )
-from api.v1alpha1 import GangJob, RestartMode
-from controller.views import ANNOTATION_CREATED_EPOCH
+from api.v1alpha1 import ExitCodeOperator, FailureAction, GangJob, RestartMode
+from controller.views import ANNOTATION_CREATED_EPOCH, parse_quantity
 
 RENDEZVOUS_PORT_NAME: Final = "rendezvous"
 
@@ -134,7 +134,9 @@ def build_pod(job: GangJob, rank: int, agent_image: str) -> dict[str, Any]:
     The template's labels and annotations are kept; the controller's labels win over same-named
     ones. The pod records the `status.epoch` it is created at (`gangjob.io/created-epoch`);
     `gangjob.io/epoch` is left to the agent, which writes it when the worker arrives.
-    `restartPolicy` is the template's, else `Never`: restarts are the gang's business.
+    `restartPolicy` is `Never` whatever the template says: restarts are the gang's business
+    (the CRD documents that the controller sets it). Raises `PodSpecError` when the template
+    cannot be shaped for the restart mode in effect.
     """
     name = job.metadata.name
     template = job.spec.template
@@ -152,7 +154,10 @@ def build_pod(job: GangJob, rank: int, agent_image: str) -> dict[str, Any]:
 
     spec["hostname"] = pod_name(name, rank)
     spec["subdomain"] = service_name(name)
-    spec.setdefault("restartPolicy", "Never")
+    # A kubelet restart of a worker outside the protocol would rejoin a gang that moved on; and
+    # on a cluster that drops container-level restart policies (gate off), the pod's is all
+    # that keeps the trainer from restarting on its own.
+    spec["restartPolicy"] = "Never"
     trainer = job.spec.trainer_container_name
     for container in spec["containers"]:
         if container.get("name") == trainer:
@@ -174,16 +179,356 @@ def build_pod(job: GangJob, rank: int, agent_image: str) -> dict[str, Any]:
     return apply_restart_mode(pod, job, mode, agent_image)
 
 
+# --- the agent's contract ---------------------------------------------------------------------
+# A mirror of agent/constants.py (podspec imports nothing from the agent, which ships alone as a
+# zipapp; tests/unit/test_podspec.py keeps the two equal), plus what only the pod builder names.
+
+RESTART_EXIT_CODE: Final = 86
+"""`Pod` mode: the agent exits with this code when the gang moved to a newer epoch."""
+ENV_POD_NAME: Final = "POD_NAME"
+ENV_POD_NAMESPACE: Final = "POD_NAMESPACE"
+ENV_AGENT_PORT: Final = "GANGJOB_AGENT_PORT"
+ENV_DIR: Final = "GANGJOB_DIR"
+DEFAULT_AGENT_PORT: Final = 9445
+DEFAULT_DIR: Final = "/gangjob"
+BARRIER_PATH: Final = "/barrier"
+SERVICE_ACCOUNT_DIR: Final = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+AGENT_CONTAINER: Final = "gangjob-agent"
+"""`Pod` and `Recreate` modes: the agent as a native sidecar (restartable init container)."""
+AGENT_INSTALL_CONTAINER: Final = "gangjob-agent-install"
+"""`Process` mode: the init container that copies the agent's zipapp into the shared volume."""
+AGENT_PORT_NAME: Final = "gangjob-agent"
+AGENT_VOLUME: Final = "gangjob"
+"""The emptyDir mounted at `DEFAULT_DIR`: the agent writes the `epoch` file there (and, in
+`Process` mode, the zipapp is copied there)."""
+AGENT_TOKEN_VOLUME: Final = "gangjob-token"
+AGENT_IMAGE_ZIPAPP: Final = "/opt/gangjob/agent.pyz"
+"""Where the agent image holds the zipapp; its entrypoint is `python3` on it."""
+WRAPPED_ZIPAPP: Final = f"{DEFAULT_DIR}/agent.pyz"
+WORKER_SERVICE_ACCOUNT: Final = "gangjob-worker"
+"""The ServiceAccount of worker pods whose template names none (see controller.workeraccess)."""
+
+AGENT_RESOURCES: Final[Mapping[str, str]] = {"cpu": "100m", "memory": "64Mi"}
+"""Requests of the agent containers: an idle asyncio process holding one watch (~25 MiB RSS).
+The CPU is not for steady state but for Python's start-up on every restart, which a 10m share
+would stretch to seconds."""
+BARRIER_PROBE_SLACK_SECONDS: Final = 60
+"""The barrier probe outlasts `spec.restart.barrierTimeoutSeconds` by this much, so that the
+controller, not the kubelet, acts on a worker that never arrives: a failed startup probe would
+kill the waiting agent and make it look failed at an epoch it never ran."""
+DEFAULT_EXIT_CODE_ACTION: Final = FailureAction.RESTART_GANG
+"""What a nonzero exit of the trainer that no `onExitCodes` rule matches does (DESIGN.md
+section 1: a crash, NCCL timeout or OOM restarts the gang in place)."""
+
+_FAILURE_CODES: Final = range(1, 256)
+_RESTART_ALL_CONTAINERS: Final = "RestartAllContainers"
+
+
+# --- errors -------------------------------------------------------------------------------------
+
+
+class PodSpecError(ValueError):
+    """The template cannot be made into a worker pod for the restart mode in effect.
+
+    Not transient: the job's spec must change. `reason` (CamelCase) and the message, which names
+    the field, are meant for a status condition and an Event.
+    """
+
+    reason: ClassVar[str] = "InvalidPodTemplate"
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class TrainerCommandRequired(PodSpecError):
+    """`Process` mode wraps the trainer's command with the agent, and the image's ENTRYPOINT is
+    unknown to the controller: the template must spell out the trainer's `command`."""
+
+    reason = "TrainerCommandRequired"
+
+
+class TemplateConflict(PodSpecError):
+    """The template uses a name or path the controller injects, or sets the trainer's restart
+    policy, which the controller owns (it follows `spec.failurePolicy`)."""
+
+    reason = "TemplateConflict"
+
+
+# --- the failure policy, as the kubelet applies it -------------------------------------------
+
+
+def exit_code_action(job: GangJob, container: str, exit_code: int) -> FailureAction | None:
+    """The action `spec.failurePolicy` takes when `container` exits with `exit_code`: the first
+    `onExitCodes` rule that matches, else `DEFAULT_EXIT_CODE_ACTION`; None for 0, a success.
+
+    A matcher without `containerName` is about the trainer. `NotIn` never matches 0.
+    """
+    if exit_code == 0:
+        return None
+    trainer = job.spec.trainer_container_name
+    for rule in job.spec.failure_policy.rules:
+        matcher = rule.on_exit_codes
+        if matcher is None or (matcher.container_name or trainer) != container:
+            continue
+        if (exit_code in matcher.values) is (matcher.operator is ExitCodeOperator.IN):
+            return rule.action
+    return DEFAULT_EXIT_CODE_ACTION
+
+
+def trainer_restart_rule(job: GangJob) -> dict[str, Any] | None:
+    """The trainer's `RestartAllContainers` rule (KEP-5532) for `Pod` mode: it matches exactly
+    the exit codes the failure policy sends to `RestartGang`; None if it sends none there.
+
+    Every other code (FailJob, RecreateWorker, Ignore) must stay out: after a whole-pod restart
+    the kubelet keeps no real exit code, so a trainer that exits with one of them has to stay
+    terminated for the controller to read and classify its code. The codes are enumerated
+    (1-255: what a Linux process can exit with, 128+n for signal n) through `exit_code_action`,
+    so rule order, `In`/`NotIn` and the default all count exactly as the controller counts them.
+    The rule is written in the shorter of two forms, both within the API's 255 values:
+    `NotIn [0, <the others>]` (the usual case, and it also restarts on any code outside 0-255)
+    or `In [<the retriable>]` (a policy that retries only a few codes).
+    """
+    trainer = job.spec.trainer_container_name
+    retriable = [
+        code
+        for code in _FAILURE_CODES
+        if exit_code_action(job, trainer, code) is FailureAction.RESTART_GANG
+    ]
+    if not retriable:
+        return None
+    kept_out = sorted(set(_FAILURE_CODES) - set(retriable))
+    if len(kept_out) + 1 <= len(retriable):
+        exit_codes = {"operator": ExitCodeOperator.NOT_IN.value, "values": [0, *kept_out]}
+    else:
+        exit_codes = {"operator": ExitCodeOperator.IN.value, "values": retriable}
+    return {"action": _RESTART_ALL_CONTAINERS, "exitCodes": exit_codes}
+
+
+# --- the restart modes ---------------------------------------------------------------------------
+
+
 def apply_restart_mode(
     pod: dict[str, Any], job: GangJob, mode: RestartMode, agent_image: str
 ) -> dict[str, Any]:
-    """Shape a worker pod for the restart mode in effect. Not implemented yet: the pod is
-    returned unchanged for every mode.
+    """Shape the worker pod `build_pod` made for the restart mode in effect; returns `pod`,
+    changed in place. The template's own volumes, containers and init containers are kept;
+    ours are added after them.
 
-    The next issue fills it: `Pod` injects the agent as a native sidecar (restartable init
-    container from `agent_image`, startup probe as the barrier) and gives the trainer
-    `restartPolicy: Never` with a `RestartAllContainers` rule for the retriable exit codes;
-    `Process` wraps the trainer's command with the agent; `Recreate` leaves the pod as built.
+    - `Pod`: the agent is a native sidecar, last of the init containers (so the user's init
+      work is done before the worker arrives), whose startup probe on `/barrier` is the
+      barrier: it holds the regular containers back until the gang's barrier is open. Its
+      `RestartAllContainers` rule on `RESTART_EXIT_CODE` restarts the whole pod in place; the
+      trainer's rule (`trainer_restart_rule`) does the same for its retriable exit codes.
+    - `Process`: an init container copies the agent's zipapp into the shared volume, and the
+      trainer's command runs under `agent.pyz wrap --`, which restarts it inside the container.
+    - `Recreate`: the sidecar and its barrier as in `Pod`, without any restart rules: a failed
+      worker stays terminated and the controller recreates the gang.
+
+    Every mode: the trainer gets `restartPolicy: Never` (container level, which overrides the
+    pod's) and `GANGJOB_DIR`; the pod runs as `WORKER_SERVICE_ACCOUNT` unless the template names
+    a ServiceAccount. Raises `PodSpecError` when the template cannot be shaped so.
     """
-    del job, mode, agent_image  # used once the modes are implemented
+    spec: dict[str, Any] = pod["spec"]
+    index, trainer = _trainer(spec, job.spec.trainer_container_name)
+    field = f"spec.template.spec.containers[{index}]"
+    _check_reserved(spec, trainer, field)
+    qos_guaranteed = _guaranteed(spec)
+    spec["volumes"] = [*(spec.get("volumes") or []), {"name": AGENT_VOLUME, "emptyDir": {}}]
+    if not (spec.get("serviceAccountName") or spec.get("serviceAccount")):
+        spec["serviceAccountName"] = WORKER_SERVICE_ACCOUNT
+    # The agent authenticates with the pod's token; a template that turned the automatic mount
+    # off gets it in the agent's container only, as kubelet would mount it.
+    token_mounts: list[dict[str, Any]] = []
+    if spec.get("automountServiceAccountToken") is False:
+        spec["volumes"].append(_token_volume())
+        token_mounts = [
+            {"name": AGENT_TOKEN_VOLUME, "mountPath": SERVICE_ACCOUNT_DIR, "readOnly": True}
+        ]
+
+    trainer["restartPolicy"] = "Never"
+    if mode is RestartMode.PROCESS:
+        command = trainer.get("command")
+        if not command:
+            raise TrainerCommandRequired(
+                f"{field}.command",
+                "restart mode Process runs the trainer's command under the agent, and the "
+                "image's ENTRYPOINT is unknown to the controller: set `command` (and `args`)",
+            )
+        trainer["command"] = [
+            "python3",
+            WRAPPED_ZIPAPP,
+            "wrap",
+            "--",
+            *command,
+            *(trainer.pop("args", None) or []),
+        ]
+        # The agent runs in the trainer's container here: it needs all of its environment,
+        # and writes the `epoch` file itself.
+        trainer["env"] = _merge_env(trainer.get("env") or [], _agent_env(job))
+        _add_mounts(trainer, [_dir_mount(read_only=False), *token_mounts])
+        install = _agent_container(AGENT_INSTALL_CONTAINER, agent_image, spec, qos_guaranteed)
+        install["command"] = ["cp", AGENT_IMAGE_ZIPAPP, WRAPPED_ZIPAPP]
+        spec["initContainers"] = [*(spec.get("initContainers") or []), install]
+        return pod
+
+    trainer["env"] = _merge_env(trainer.get("env") or [], [{"name": ENV_DIR, "value": DEFAULT_DIR}])
+    _add_mounts(trainer, [_dir_mount(read_only=True)])
+    agent = _agent_container(AGENT_CONTAINER, agent_image, spec, qos_guaranteed)
+    agent["args"] = ["sidecar"]
+    agent["restartPolicy"] = "Always"
+    agent["env"] = _agent_env(job)
+    agent["ports"] = [{"name": AGENT_PORT_NAME, "containerPort": DEFAULT_AGENT_PORT}]
+    agent["startupProbe"] = {
+        "httpGet": {"path": BARRIER_PATH, "port": DEFAULT_AGENT_PORT},
+        "periodSeconds": 1,
+        "timeoutSeconds": 1,
+        "failureThreshold": job.spec.restart.barrier_timeout_seconds + BARRIER_PROBE_SLACK_SECONDS,
+    }
+    _add_mounts(agent, token_mounts)
+    if mode is RestartMode.POD:
+        agent["restartPolicyRules"] = [
+            {
+                "action": _RESTART_ALL_CONTAINERS,
+                "exitCodes": {"operator": "In", "values": [RESTART_EXIT_CODE]},
+            }
+        ]
+        rule = trainer_restart_rule(job)
+        if rule is not None:
+            trainer["restartPolicyRules"] = [rule]
+    spec["initContainers"] = [*(spec.get("initContainers") or []), agent]
     return pod
+
+
+def _trainer(spec: Mapping[str, Any], name: str) -> tuple[int, dict[str, Any]]:
+    for index, container in enumerate(spec["containers"]):
+        if container.get("name") == name:
+            return index, container
+    # GangJobSpec validates that the trainer exists; this is a programming error.
+    raise AssertionError(f"no trainer container {name!r} in the pod")
+
+
+def _check_reserved(spec: Mapping[str, Any], trainer: Mapping[str, Any], field: str) -> None:
+    for key in ("initContainers", "containers"):
+        for index, container in enumerate(spec.get(key) or []):
+            if container.get("name") in (AGENT_CONTAINER, AGENT_INSTALL_CONTAINER):
+                raise TemplateConflict(
+                    f"spec.template.spec.{key}[{index}].name",
+                    f"{container.get('name')!r} is the name of the container the controller "
+                    "injects",
+                )
+    for index, volume in enumerate(spec.get("volumes") or []):
+        if volume.get("name") in (AGENT_VOLUME, AGENT_TOKEN_VOLUME):
+            raise TemplateConflict(
+                f"spec.template.spec.volumes[{index}].name",
+                f"{volume.get('name')!r} is the name of a volume the controller injects",
+            )
+    for index, mount in enumerate(trainer.get("volumeMounts") or []):
+        if mount.get("mountPath", "").rstrip("/") == DEFAULT_DIR:
+            raise TemplateConflict(
+                f"{field}.volumeMounts[{index}].mountPath",
+                f"{DEFAULT_DIR} is where the controller mounts the agent's directory",
+            )
+    if trainer.get("restartPolicyRules") or trainer.get("restartPolicy") not in (None, "Never"):
+        raise TemplateConflict(
+            f"{field}.restartPolicy",
+            "the controller sets the trainer's restart policy and rules from "
+            "spec.failurePolicy and spec.restart.mode: express restarts there",
+        )
+
+
+def _guaranteed(spec: Mapping[str, Any]) -> bool:
+    """Whether the template's pod is in the Guaranteed QoS class by its containers' resources:
+    the agent must not turn it Burstable (exclusive CPUs and NUMA alignment depend on it)."""
+    containers = [*(spec.get("initContainers") or []), *spec["containers"]]
+    for container in containers:
+        resources = container.get("resources") or {}
+        limits, requests = resources.get("limits") or {}, resources.get("requests") or {}
+        for resource in ("cpu", "memory"):
+            limit = limits.get(resource)
+            if limit is None:
+                return False
+            request = requests.get(resource, limit)
+            if parse_quantity(str(request)) != parse_quantity(str(limit)):
+                return False
+    return True
+
+
+def _agent_container(
+    name: str, agent_image: str, spec: Mapping[str, Any], qos_guaranteed: bool
+) -> dict[str, Any]:
+    container: dict[str, Any] = {
+        "name": name,
+        "image": agent_image,
+        "volumeMounts": [_dir_mount(read_only=False)],
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True,
+        },
+    }
+    # With pod-level resources (KEP-2837) the containers share the pod's budget, and requests
+    # of ours could overflow it: the agent takes its share unannounced.
+    if not spec.get("resources"):
+        resources: dict[str, Any] = {"requests": dict(AGENT_RESOURCES)}
+        if qos_guaranteed:
+            resources["limits"] = dict(AGENT_RESOURCES)
+        container["resources"] = resources
+    return container
+
+
+def _agent_env(job: GangJob) -> list[dict[str, Any]]:
+    """What the agent reads from its environment."""
+    return [
+        {"name": ENV_GANGJOB_NAME, "value": job.metadata.name},
+        {"name": ENV_POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {
+            "name": ENV_POD_NAMESPACE,
+            "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+        },
+        {"name": ENV_AGENT_PORT, "value": str(DEFAULT_AGENT_PORT)},
+        {"name": ENV_DIR, "value": DEFAULT_DIR},
+    ]
+
+
+def _dir_mount(*, read_only: bool) -> dict[str, Any]:
+    mount: dict[str, Any] = {"name": AGENT_VOLUME, "mountPath": DEFAULT_DIR}
+    if read_only:
+        mount["readOnly"] = True
+    return mount
+
+
+def _add_mounts(container: dict[str, Any], mounts: list[dict[str, Any]]) -> None:
+    if mounts:
+        container["volumeMounts"] = [*(container.get("volumeMounts") or []), *mounts]
+
+
+def _token_volume() -> dict[str, Any]:
+    """The projected volume the kubelet mounts as `kube-api-access-*`: a token bound to the pod
+    (so it carries the pod's name, which the worker policy checks), the cluster CA, the
+    namespace."""
+    return {
+        "name": AGENT_TOKEN_VOLUME,
+        "projected": {
+            "sources": [
+                {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
+                {
+                    "configMap": {
+                        "name": "kube-root-ca.crt",
+                        "items": [{"key": "ca.crt", "path": "ca.crt"}],
+                    }
+                },
+                {
+                    "downwardAPI": {
+                        "items": [
+                            {
+                                "path": "namespace",
+                                "fieldRef": {"fieldPath": "metadata.namespace"},
+                            }
+                        ]
+                    }
+                },
+            ]
+        },
+    }
