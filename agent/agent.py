@@ -172,6 +172,8 @@ class Agent:
             self._probe_ready.set()
             for task in (self._watch_task, self._stop_task):
                 task.cancel()
+            # Collected, so a watcher that died of a bug does not also warn at exit.
+            await asyncio.gather(self._watch_task, self._stop_task, return_exceptions=True)
             if self._trainer is not None:  # an error unwound past a running trainer
                 await self._trainer.stop(self.config.kill_grace_seconds)
             if self._probe is not None:

@@ -340,7 +340,7 @@ class HttpClient:
         conn = await self._send("GET", target, None, None, self.request_timeout)
         reusable = False
         try:
-            head = await self._head(conn, inactivity_timeout)
+            head = await self._head(conn, self.request_timeout)
             if head.status != 200:
                 body = await self._body(conn, head, inactivity_timeout)
                 reusable = head.keep_alive
