@@ -30,6 +30,9 @@ ANNOTATION_EXIT: Final = "gangjob.io/exit"
 
 HISTORY_LIMIT: Final = 10
 """`status.history` keeps the last this many restarts (the CRD rejects more)."""
+AVOID_NODES_LIMIT: Final = 64
+"""`status.avoidNodes` keeps the last this many nodes (the CRD rejects more): the status, and
+the affinity of every pod created, must stay small."""
 
 # Environment of every worker container.
 ENV_MASTER_ADDR: Final = "MASTER_ADDR"

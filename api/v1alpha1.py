@@ -25,7 +25,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from api.constants import API_VERSION, HISTORY_LIMIT, KIND
+from api.constants import API_VERSION, AVOID_NODES_LIMIT, HISTORY_LIMIT, KIND
 
 # --- wire types -----------------------------------------------------------------------------
 
@@ -583,6 +583,11 @@ class RestartRecord(_Model):
     recreated: list[int] = Field(
         default_factory=list, description="Ranks of the workers recreated by this restart."
     )
+    counted: bool | None = Field(
+        default=None,
+        description="Whether this restart counted against `spec.restart.maxRestarts`; "
+        "consecutive counted restarts double `spec.restart.backoffSeconds`. Unset: it did not.",
+    )
 
 
 # metav1.Condition's validation, so that our conditions read like every other resource's.
@@ -636,6 +641,11 @@ class GangJobStatus(_Model):
         description="The epoch whose barrier is open: every worker has arrived at it and may "
         "run. Unset until the first barrier opens.",
     )
+    barrier_opened_at: MicroTime | None = Field(
+        default=None,
+        description="When the barrier of `barrierEpoch` opened, for every epoch, the first "
+        "included: a worker's container that terminated after it had failed at that epoch.",
+    )
     workers: WorkersStatus = Field(
         default_factory=WorkersStatus, description="Counts of the gang's workers."
     )
@@ -669,6 +679,14 @@ class GangJobStatus(_Model):
         default=None,
         description="The restart mode in effect: `spec.restart.mode`, or the mode fallen back "
         "to when the cluster cannot honour it.",
+    )
+    avoid_nodes: list[str] | None = Field(
+        default=None,
+        max_length=AVOID_NODES_LIMIT,
+        description="Nodes whose devices failed a worker: workers created from then on get a "
+        "required node affinity that keeps them off these nodes. The most recent "
+        f"{AVOID_NODES_LIMIT}, oldest first; unset: none.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
     )
 
     def condition(self, type_: str) -> Condition | None:

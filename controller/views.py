@@ -21,6 +21,10 @@ ANNOTATION_CREATED_EPOCH: Final = "gangjob.io/created-epoch"
 """The `status.epoch` at which the controller created the pod (written by the controller, at
 creation only). It belongs beside the agent's annotations in `api.constants`; it lives here until
 the agent needs it too."""
+ANNOTATION_RESTART_MODE: Final = "gangjob.io/restart-mode"
+"""The restart mode the controller built the pod for (written at creation only): the mode
+fallback deletes pods built for another mode, and tells `Pod`-mode pods whose restart rules the
+apiserver dropped from `Process`-mode pods that never had any."""
 
 ContainerStateName = Literal["running", "waiting", "terminated"]
 NodeReady = Literal["True", "False", "Unknown"]
@@ -101,12 +105,19 @@ class ContainerView:
     unhealthy_resources: tuple[str, ...] = ()
     """Resource names (`nvidia.com/gpu`) with a device the kubelet reports `Unhealthy`
     (KEP-4680 `allocatedResourcesStatus`)."""
+    unknown_health_resources: tuple[str, ...] = ()
+    """Resource names with a device whose health the kubelet reports `Unknown`."""
+    finished_at: datetime | None = None
+    """`state.terminated.finishedAt` (whole seconds, the node's clock)."""
+    last_finished_at: datetime | None = None
+    """`lastState.terminated.finishedAt`: when the previous run ended."""
 
     @classmethod
     def from_status(cls, obj: Mapping[str, Any]) -> ContainerView:
         state_name: ContainerStateName | None = None
         exit_code: int | None = None
         reason: str | None = None
+        finished_at: datetime | None = None
         state = _mapping(obj.get("state"))
         for name in ("terminated", "running", "waiting"):
             detail = state.get(name)
@@ -114,6 +125,7 @@ class ContainerView:
                 state_name = name
                 exit_code = _int_or_none(detail.get("exitCode"))
                 reason = _str_or_none(detail.get("reason"))
+                finished_at = parse_time(detail.get("finishedAt"))
                 break
         last_terminated = _mapping(_mapping(obj.get("lastState")).get("terminated"))
         started = obj.get("started")
@@ -127,21 +139,51 @@ class ContainerView:
             reason=reason,
             last_exit_code=_int_or_none(last_terminated.get("exitCode")),
             last_reason=_str_or_none(last_terminated.get("reason")),
-            unhealthy_resources=_unhealthy_resources(obj.get("allocatedResourcesStatus")),
+            unhealthy_resources=_resources_with_health(
+                obj.get("allocatedResourcesStatus"), "Unhealthy"
+            ),
+            unknown_health_resources=_resources_with_health(
+                obj.get("allocatedResourcesStatus"), "Unknown"
+            ),
+            finished_at=finished_at,
+            last_finished_at=parse_time(last_terminated.get("finishedAt")),
         )
 
 
-def _unhealthy_resources(value: Any) -> tuple[str, ...]:
+def _resources_with_health(value: Any, health: str) -> tuple[str, ...]:
     names: list[str] = []
     for entry in _list(value):
         entry = _mapping(entry)
         name = entry.get("name")
         if isinstance(name, str) and any(
-            _mapping(resource).get("health") == "Unhealthy"
-            for resource in _list(entry.get("resources"))
+            _mapping(resource).get("health") == health for resource in _list(entry.get("resources"))
         ):
             names.append(name)
     return tuple(names)
+
+
+def _is_extended_resource(name: str) -> bool:
+    # Extended resources (devices) are the names with a domain prefix, e.g. nvidia.com/gpu;
+    # `kubernetes.io/` names are the cluster's own.
+    return "/" in name and "kubernetes.io/" not in name
+
+
+def _requested_extended_resources(spec: Mapping[str, Any]) -> frozenset[str]:
+    names: set[str] = set()
+    for key in ("containers", "initContainers"):
+        for container in map(_mapping, _list(spec.get(key))):
+            resources = _mapping(container.get("resources"))
+            for part in ("requests", "limits"):
+                names.update(n for n in _mapping(resources.get(part)) if _is_extended_resource(n))
+    return frozenset(names)
+
+
+def _has_restart_rules(spec: Mapping[str, Any]) -> bool:
+    return any(
+        bool(_list(_mapping(container).get("restartPolicyRules")))
+        for key in ("containers", "initContainers")
+        for container in _list(spec.get(key))
+    )
 
 
 @dataclass(frozen=True)
@@ -176,6 +218,13 @@ class PodView:
     """Pod condition type -> (status, reason)."""
     containers: tuple[ContainerView, ...]
     init_containers: tuple[ContainerView, ...]
+    requested_resources: frozenset[str] = frozenset()
+    """Extended resources (devices, e.g. `nvidia.com/gpu`) a container of the pod requests."""
+    has_restart_rules: bool = False
+    """A container or init container has `restartPolicyRules` (KEP-5307/5532). A pod built
+    for `Pod` mode without any was stripped by an apiserver with the gates off."""
+    restart_mode: str | None = None
+    """The `gangjob.io/restart-mode` annotation: the mode the pod was built for."""
 
     @property
     def terminating(self) -> bool:
@@ -235,6 +284,9 @@ class PodView:
                 ContainerView.from_status(_mapping(c))
                 for c in _list(status.get("initContainerStatuses"))
             ),
+            requested_resources=_requested_extended_resources(spec),
+            has_restart_rules=_has_restart_rules(spec),
+            restart_mode=annotations.get(ANNOTATION_RESTART_MODE),
         )
 
 
@@ -281,9 +333,8 @@ def parse_quantity(value: str) -> Decimal | None:
 
 
 def _is_counted(resource: str) -> bool:
-    # Extended resources (devices) are the names with a domain prefix, e.g. nvidia.com/gpu;
-    # the API requires their quantities to be integers.
-    return resource in _COUNTED_RESOURCES or ("/" in resource and "kubernetes.io/" not in resource)
+    # The API requires the quantities of extended resources to be integers.
+    return resource in _COUNTED_RESOURCES or _is_extended_resource(resource)
 
 
 def parse_resources(value: Any) -> dict[str, int | str]:
