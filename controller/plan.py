@@ -4,7 +4,13 @@ create, pods to delete, Events). All decisions of DESIGN.md sections 3-4 live he
 
 `plan` runs a flat sequence of small steps over one `_Pass`. Each step reads the observation,
 adds to the pass (status fields, creates, deletes, events), and returns True to end the pass
-early, as jobset's reconciler does. The restart protocol slots in as more steps.
+early, as jobset's reconciler does.
+
+The restart protocol (DESIGN.md section 3) in these steps: failures are attributed to the epoch
+the worker was at, and only a worker at `status.epoch` can cause a restart (a worker below it is
+restarting because of the protocol); all failures of a pass make at most one epoch bump; the
+barrier of an epoch opens once every worker has arrived at it. Everything is read back from the
+API objects on every pass, so a restarted controller carries on where the last one stopped.
 """
 
 from __future__ import annotations
@@ -14,19 +20,25 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 
-from api.constants import HISTORY_LIMIT, ConditionType
+from api.constants import AVOID_NODES_LIMIT, HISTORY_LIMIT, ConditionType
 from api.v1alpha1 import (
     Condition,
     ConditionStatus,
+    FailureAction,
     GangJob,
     GangJobStatus,
     Phase,
+    RestartCounts,
+    RestartMode,
+    RestartRecord,
+    RestartTrigger,
     SuccessPolicy,
     WorkersStatus,
 )
-from controller import podspec
-from controller.conditions import is_true, set_condition
-from controller.views import NodeView, PodView
+from controller import classify, podspec
+from controller.classify import Decision, FailureClass
+from controller.conditions import get_condition, is_true, set_condition
+from controller.views import ANNOTATION_RESTART_MODE, NodeView, PodView
 
 # Pod phases (core/v1).
 POD_RUNNING: Final = "Running"
@@ -38,7 +50,6 @@ _POD_TERMINAL: Final = frozenset({POD_SUCCEEDED, POD_FAILED})
 REASON_WORKERS_READY: Final = "AllWorkersReady"
 REASON_WORKERS_NOT_READY: Final = "WorkersNotReady"
 REASON_WORKERS_CREATED: Final = "WorkersCreated"
-REASON_WORKER_FAILED: Final = "WorkerFailed"
 REASON_ALL_SUCCEEDED: Final = "AllWorkersSucceeded"
 REASON_RANK0_SUCCEEDED: Final = "Rank0Succeeded"
 REASON_SUSPENDED: Final = "Suspended"
@@ -47,6 +58,29 @@ REASON_SUCCEEDED: Final = "Succeeded"
 REASON_FAILED: Final = "Failed"
 REASON_JOB_FINISHED: Final = "JobFinished"
 REASON_STRAY_POD: Final = "StrayPod"
+REASON_NON_RETRIABLE_EXIT: Final = "NonRetriableExitCode"
+REASON_FAILURE_POLICY: Final = "FailurePolicy"
+"""The job failed by a `FailJob` rule that matched something else than an exit code."""
+REASON_MAX_RESTARTS: Final = "MaxRestartsExceeded"
+REASON_GANG_RESTARTING: Final = "GangRestarting"
+REASON_GANG_RESTARTED: Final = "GangRestarted"
+REASON_BARRIER_OPEN: Final = "BarrierOpen"
+REASON_WORKER_RECREATED: Final = "WorkerRecreated"
+REASON_FORCE_DELETED: Final = "ForceDeleted"
+REASON_NODES_LACK_FEATURE: Final = "NodesLackRestartAllContainers"
+REASON_RULES_DROPPED: Final = "RestartRulesDropped"
+REASON_MODE_HONOURED: Final = "ModeHonoured"
+REASON_MODE_CHANGED: Final = "RestartModeChanged"
+REASON_INVALID_TEMPLATE: Final = "InvalidPodTemplate"
+
+FEATURE_RESTART_ALL_CONTAINERS: Final = "RestartAllContainersOnContainerExits"
+"""What a node declares (`status.declaredFeatures`) when its kubelet does KEP-5532."""
+BACKOFF_CAP_SECONDS: Final = 300.0
+"""Restart backoff doubles up to this, as the kubelet's CrashLoopBackOff does."""
+BACKOFF_RESET_SECONDS: Final = 600.0
+"""A gang that ran this long since its last barrier opened starts its backoff afresh (the
+kubelet resets CrashLoopBackOff after 10 minutes of running, too)."""
+HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 
 
 @dataclass(frozen=True)
@@ -81,7 +115,7 @@ class PodDelete:
     """None: the pod's own grace period; 0: force."""
     mark_failed: bool = False
     """Set the pod's phase Failed (status patch) before deleting it: the force-delete protocol
-    of DESIGN.md section 4 (next issue)."""
+    of DESIGN.md section 4."""
     reason: str = ""
 
 
@@ -108,7 +142,15 @@ class Plan:
     delete_job: bool = False
     """ttlSecondsAfterFinished has elapsed."""
     requeue_after: float | None = None
-    """Seconds until a timer fires (ttl, backoff, guards)."""
+    """Seconds until a timer fires (ttl, backoff, barrier timeout, force-delete guard)."""
+    restart_started: RestartRecord | None = None
+    """The restart this pass began (the epoch was raised): for the restart's trace span."""
+    restart_finished: RestartRecord | None = None
+    """The restart whose barrier this pass opened, with its timings."""
+    failures: list[Decision] = field(default_factory=list)
+    """The failures this pass acted on (a restart, a recreated worker, the job failed), each
+    with its class, action and whether it counted: for `gangjob_restarts_total{class,action}`.
+    A failure is acted on in one pass only; ignored failures are never listed."""
 
 
 # --- the pass -------------------------------------------------------------------------------
@@ -150,6 +192,19 @@ def _sort_pods(job: GangJob, pods: Sequence[PodView]) -> _Gang:
     return _Gang(workers, strays, frozenset(pod.name for pod in pods), live)
 
 
+def worker_epoch(pod: PodView) -> int | None:
+    """The epoch a worker is at: the one it arrived at, else (a fresh pod whose agent has not
+    arrived yet) the one it was created at; None if the pod says neither."""
+    return pod.arrived_epoch if pod.arrived_epoch is not None else pod.created_epoch
+
+
+def at_epoch(pod: PodView, epoch: int) -> bool:
+    """The worker is at `epoch`: its failures are failures of the gang at that epoch. A worker
+    below is expected to restart; one above (against the protocol: a status written back from
+    an old copy) is no one's to restart for, and the barrier timeout recreates it."""
+    return worker_epoch(pod) == epoch
+
+
 @dataclass
 class _Pass:
     """One planning pass: the observation, and the plan being gathered."""
@@ -162,12 +217,27 @@ class _Pass:
     conditions: list[Condition]
     start_time: datetime | None
     completion_time: datetime | None
+    epoch: int
+    barrier_epoch: int | None
+    barrier_opened_at: datetime | None
+    restarts: RestartCounts
+    last_restart: RestartRecord | None
+    history: list[RestartRecord]
+    mode: RestartMode | None
+    avoid_nodes: list[str]
     create_service: dict[str, Any] | None = None
     create_pods: dict[int, dict[str, Any]] = field(default_factory=dict)
     delete_pods: dict[str, PodDelete] = field(default_factory=dict)
     events: list[EventSpec] = field(default_factory=list)
     delete_job: bool = False
     requeue_after: float | None = None
+    decisions: list[Decision] = field(default_factory=list)
+    """The failures at `status.epoch` found in this pass, classified."""
+    pending_failure: bool = False
+    """A failure at the epoch waits (backoff): the barrier must not open over it."""
+    acted: list[Decision] = field(default_factory=list)
+    restart_started: RestartRecord | None = None
+    restart_finished: RestartRecord | None = None
 
     @property
     def job(self) -> GangJob:
@@ -182,6 +252,13 @@ class _Pass:
         """`now` as status timestamps store it (whole seconds), so that a pass that computes
         from a timestamp it wrote gets the same result as the next, which reads it back."""
         return self.observed.now.replace(microsecond=0)
+
+    @property
+    def effective_mode(self) -> RestartMode:
+        return self.mode or self.job.spec.restart.mode
+
+    def node_of(self, pod: PodView) -> NodeView | None:
+        return self.observed.nodes.get(pod.node_name) if pod.node_name else None
 
     def set_condition(
         self, type_: ConditionType, status: ConditionStatus, reason: str, message: str
@@ -198,7 +275,7 @@ class _Pass:
 
     def delete(self, pod: PodView, reason: str) -> None:
         # A pod already terminating was deleted before: asking again changes nothing.
-        if not pod.terminating:
+        if not pod.terminating and pod.name not in self.delete_pods:
             self.delete_pods[pod.name] = PodDelete(name=pod.name, uid=pod.uid, reason=reason)
 
     def requeue(self, seconds: float) -> None:
@@ -208,35 +285,36 @@ class _Pass:
     def is_finished(self) -> bool:
         return self.phase in (Phase.SUCCEEDED, Phase.FAILED)
 
+    def staying(self) -> dict[int, PodView]:
+        """The live workers that this plan does not delete."""
+        return {r: pod for r, pod in self.gang.live.items() if pod.name not in self.delete_pods}
+
     def workers_status(self) -> WorkersStatus:
         """Counts as they will be once this plan is carried out, so that the next pass, which
         sees the created pods and the deleted ones terminating, computes the same counts."""
-        live = {
-            rank: pod for rank, pod in self.gang.live.items() if pod.name not in self.delete_pods
-        }
-        epoch = self.job.status.epoch
+        live = self.staying()
         return WorkersStatus(
             total=len(live) + len(self.create_pods),
             ready=sum(pod.ready for pod in live.values()),
-            arrived=sum(pod.arrived_epoch == epoch for pod in live.values()),
+            arrived=sum(pod.arrived_epoch == self.epoch for pod in live.values()),
         )
 
     def status(self) -> GangJobStatus:
-        old = self.job.status
         return GangJobStatus(
             phase=self.phase,
-            # The epoch is the restart protocol's (next issue); it is never lowered.
-            epoch=old.epoch,
-            barrier_epoch=old.barrier_epoch,
+            epoch=self.epoch,
+            barrier_epoch=self.barrier_epoch,
+            barrier_opened_at=self.barrier_opened_at,
             workers=self.workers_status(),
-            restarts=old.restarts,
-            last_restart=old.last_restart,
-            history=old.history[-HISTORY_LIMIT:],
+            restarts=self.restarts,
+            last_restart=self.last_restart,
+            history=self.history[-HISTORY_LIMIT:],
             conditions=self.conditions,
             observed_generation=self.job.metadata.generation,
             start_time=self.start_time,
             completion_time=self.completion_time,
-            mode=old.mode,
+            mode=self.mode,
+            avoid_nodes=self.avoid_nodes[-AVOID_NODES_LIMIT:] or None,
         )
 
     def plan(self) -> Plan:
@@ -248,12 +326,14 @@ class _Pass:
             events=self.events,
             delete_job=self.delete_job,
             requeue_after=self.requeue_after,
+            restart_started=self.restart_started,
+            restart_finished=self.restart_finished,
+            failures=self.acted,
         )
 
 
 Step = Callable[[_Pass], bool]
 """A step of the pass: adds to it, and returns True to end the pass."""
-
 
 # --- steps, in order --------------------------------------------------------------------------
 
@@ -269,6 +349,33 @@ def _stop_if_job_deleted(p: _Pass) -> bool:
     """A job being deleted gets nothing new: garbage collection is removing its pods, and
     creating more would race it."""
     return p.job.metadata.deletion_timestamp is not None
+
+
+def _force_delete_lost(p: _Pass) -> bool:
+    """A pod of ours stuck terminating on a lost node is force-deleted once the guards of
+    DESIGN.md section 4 all hold: no kubelet will ever confirm its end, and the name it holds
+    keeps its worker from being created again. A zombie that is in fact alive is fenced by the
+    epoch: an old-epoch worker never passes the barrier."""
+    if not p.job.spec.node_loss.force_delete:
+        return False
+    after = timedelta(seconds=p.job.spec.node_loss.force_delete_after_seconds)
+    for pod in (*p.gang.workers.values(), *p.gang.strays):
+        if pod.deletion_timestamp is None or pod.node_name is None:
+            continue
+        if not classify.may_force_delete_on(p.node_of(pod)):
+            continue
+        due = pod.deletion_timestamp + after
+        if p.now >= due:
+            p.delete_pods[pod.name] = PodDelete(
+                name=pod.name,
+                uid=pod.uid,
+                grace_seconds=0,
+                mark_failed=True,
+                reason=REASON_FORCE_DELETED,
+            )
+        else:
+            p.requeue((due - p.now).total_seconds())
+    return False
 
 
 def _finished(p: _Pass) -> bool:
@@ -316,22 +423,106 @@ def _suspend(p: _Pass) -> bool:
     return True
 
 
-def _complete(p: _Pass) -> bool:
-    """The job succeeds per its successPolicy, or fails on a worker failure; then it is
-    finished and handled as such."""
-    outcome = job_succeeded(p.job, p.gang.live)
-    if outcome is not None:
-        reason, message = outcome
-        _finish(p, Phase.SUCCEEDED, ConditionType.SUCCEEDED, reason, message)
-        p.events.append(EventSpec("Normal", REASON_SUCCEEDED, message))
-        return _finished(p)
-    failure = worker_failure(p.job, p.gang.live)
-    if failure is not None:
-        reason, message = failure
-        _finish(p, Phase.FAILED, ConditionType.FAILED, reason, message)
-        p.events.append(EventSpec("Warning", REASON_FAILED, message))
-        return _finished(p)
+def _choose_mode(p: _Pass) -> bool:
+    """`status.mode`: `spec.restart.mode` if the cluster honours it, else the next mode that
+    works, said in the `ModeDegraded` condition (never silently). Workers built for another
+    mode are deleted, to be created again in this one."""
+    degraded = get_condition(p.conditions, ConditionType.MODE_DEGRADED)
+    held = degraded if degraded is not None and degraded.status == ConditionStatus.TRUE else None
+    mode, problem = p.job.spec.restart.mode, None
+    if mode is RestartMode.POD and held is not None and _fallback_holds(p, held):
+        mode, problem = p.mode or _fallback_mode(p), (held.reason, held.message)
+    elif mode is RestartMode.POD:
+        why = _pod_mode_problem(p)
+        if why is not None:
+            mode = _fallback_mode(p)
+            problem = (why[0], f"{why[1]}: restart mode Pod falls back to {mode}")
+    p.mode = mode
+    if problem is not None:
+        reason, message = problem
+        if held is None or held.reason != reason:
+            p.events.append(EventSpec("Warning", reason, message))
+        p.set_condition(ConditionType.MODE_DEGRADED, ConditionStatus.TRUE, reason, message)
+    elif held is not None:
+        p.set_condition(
+            ConditionType.MODE_DEGRADED,
+            ConditionStatus.FALSE,
+            REASON_MODE_HONOURED,
+            f"Restart mode {mode} is honoured",
+        )
+    for pod in p.gang.live.values():
+        if pod.restart_mode is not None and pod.restart_mode != mode:
+            p.delete(pod, REASON_MODE_CHANGED)
     return False
+
+
+def _fallback_holds(p: _Pass, held: Condition) -> bool:
+    """Whether a fallback made earlier still holds, whatever the nodes say now."""
+    # The apiserver's gates do not change under a running job: once rules were dropped, the
+    # fallback holds for the job's life (and would otherwise flap with every new pod).
+    if held.reason == REASON_RULES_DROPPED:
+        return True
+    # A gang that exists keeps the mode it was built in: changing it recreates every worker.
+    return p.mode not in (None, RestartMode.POD) and bool(p.gang.workers)
+
+
+def _pod_mode_problem(p: _Pass) -> tuple[str, str] | None:
+    """(reason, message) if `Pod` mode cannot work here, else None."""
+    stripped = sorted(pod.name for pod in p.gang.workers.values() if _rules_dropped(pod))
+    if stripped and _pod_mode_has_rules(p):
+        return (
+            REASON_RULES_DROPPED,
+            f"The apiserver dropped the restartPolicyRules of pod {stripped[0]} (feature gates "
+            "ContainerRestartRules/RestartAllContainersOnContainerExits off)",
+        )
+    if p.mode is RestartMode.POD and p.gang.workers:
+        return None  # built in Pod mode already: a node that stops declaring it changes nothing
+    if any(
+        node.ready == "True" and FEATURE_RESTART_ALL_CONTAINERS in node.declared_features
+        for node in p.observed.nodes.values()
+    ):
+        return None
+    return (
+        REASON_NODES_LACK_FEATURE,
+        f"No Ready node declares {FEATURE_RESTART_ALL_CONTAINERS} (KEP-5532)",
+    )
+
+
+def _rules_dropped(pod: PodView) -> bool:
+    return pod.restart_mode == RestartMode.POD and not pod.has_restart_rules
+
+
+def _pod_mode_has_rules(p: _Pass) -> bool:
+    """Whether podspec gives a `Pod`-mode worker restart rules at all: only then does a pod
+    without any say that the apiserver dropped them."""
+    try:
+        pod = podspec.build_pod(_job_for_pods(p, RestartMode.POD), 0, p.config.agent_image)
+    except ValueError:
+        return False
+    spec = pod.get("spec") or {}
+    containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+    return any(c.get("restartPolicyRules") for c in containers)
+
+
+def _fallback_mode(p: _Pass) -> RestartMode:
+    """`Process` needs no KEP-5532; a template it cannot wrap (no `command`) gets `Recreate`,
+    which works everywhere."""
+    try:
+        podspec.build_pod(_job_for_pods(p, RestartMode.PROCESS), 0, p.config.agent_image)
+    except ValueError:
+        return RestartMode.RECREATE
+    return RestartMode.PROCESS
+
+
+def _complete(p: _Pass) -> bool:
+    """The job succeeds per its successPolicy; then it is finished and handled as such."""
+    outcome = job_succeeded(p.job, p.gang.live)
+    if outcome is None:
+        return False
+    reason, message = outcome
+    _finish(p, Phase.SUCCEEDED, ConditionType.SUCCEEDED, reason, message)
+    p.events.append(EventSpec("Normal", REASON_SUCCEEDED, message))
+    return _finished(p)
 
 
 def _finish(p: _Pass, phase: Phase, type_: ConditionType, reason: str, message: str) -> None:
@@ -339,18 +530,245 @@ def _finish(p: _Pass, phase: Phase, type_: ConditionType, reason: str, message: 
     p.completion_time = p.stamp
     p.set_condition(type_, ConditionStatus.TRUE, reason, message)
     p.set_condition(ConditionType.READY, ConditionStatus.FALSE, REASON_JOB_FINISHED, message)
+    if is_true(p.conditions, ConditionType.RESTARTING):
+        p.set_condition(
+            ConditionType.RESTARTING, ConditionStatus.FALSE, REASON_JOB_FINISHED, message
+        )
+
+
+def _classify(p: _Pass) -> bool:
+    """Every worker's failure at `status.epoch`, classified. A worker below the epoch is
+    restarting because of the protocol: its exits and restarts are no failure, so that one
+    failure makes one bump however many workers then report it."""
+    ctx = classify.Context.of(
+        p.job, p.effective_mode, p.epoch, p.barrier_epoch, p.barrier_opened_at
+    )
+    for rank in range(p.job.spec.replicas):
+        pod = p.gang.workers.get(rank)
+        if pod is None:
+            failure = classify.missing(ctx, rank)
+        elif pod.name in p.delete_pods or not at_epoch(pod, p.epoch):
+            continue
+        else:
+            failure = classify.detect(ctx, rank, pod, p.node_of(pod))
+        if failure is not None:
+            p.decisions.append(classify.decide(p.job, failure))
+    return False
+
+
+def _fail_by_policy(p: _Pass) -> bool:
+    """A `FailJob` rule, or a counted restart past `spec.restart.maxRestarts`, fails the job."""
+    fails = [d for d in p.decisions if d.action is FailureAction.FAIL_JOB]
+    first = classify.lowest(fails)
+    if first is not None:
+        reason = REASON_NON_RETRIABLE_EXIT if first.by_exit_code else REASON_FAILURE_POLICY
+        message = (
+            f"{_worker(p, first.worker)}: {first.failure.detail}; "
+            f"spec.failurePolicy.rules[{first.rule}] fails the job"
+        )
+        p.acted = fails
+        return _fail(p, reason, message)
+    restarting = _restarting(p.decisions)
+    first = classify.lowest(restarting)
+    limit = p.job.spec.restart.max_restarts
+    if first is not None and any(d.counted for d in restarting) and p.restarts.counted >= limit:
+        message = (
+            f"{p.restarts.counted} counted restarts reached spec.restart.maxRestarts ({limit}); "
+            f"last failure: {_worker(p, first.worker)}: {first.failure.detail}"
+        )
+        p.acted = restarting
+        return _fail(p, REASON_MAX_RESTARTS, message)
+    return False
+
+
+def _fail(p: _Pass, reason: str, message: str) -> bool:
+    _finish(p, Phase.FAILED, ConditionType.FAILED, reason, message)
+    p.events.append(EventSpec("Warning", REASON_FAILED, message))
+    return _finished(p)
+
+
+def _restart(p: _Pass) -> bool:
+    """The failures of this pass restart the gang once: `status.epoch` + 1, with the lowest
+    rank's failure as the trigger. A counted restart first waits out its backoff; the failure
+    stays observable meanwhile, so nothing has to be remembered."""
+    restarting = _restarting(p.decisions)
+    if not restarting:
+        return False
+    counted = any(d.counted for d in restarting)
+    wait = backoff_remaining(p.job, p.last_restart, p.history, p.start_time, p.now)
+    if counted and wait > 0:
+        p.pending_failure = True
+        p.requeue(wait)
+        return False
+    _bump(p, restarting, counted)
+    return False
+
+
+def _bump(p: _Pass, restarting: list[Decision], counted: bool) -> None:
+    epoch = p.epoch + 1
+    recreated = _to_recreate(p, restarting)
+    for rank in sorted(recreated):
+        pod = p.gang.workers.get(rank)
+        if pod is not None:
+            p.delete(pod, REASON_WORKER_RECREATED)
+    for d in restarting:
+        node = d.failure.node_name
+        device = d.failure_class is FailureClass.DEVICE_UNHEALTHY and d.worker in recreated
+        if device and node and node not in p.avoid_nodes:
+            p.avoid_nodes.append(node)
+    trigger = classify.lowest(restarting)
+    assert trigger is not None
+    detail = trigger.failure.detail
+    if len(restarting) > 1:
+        detail += f" ({len(restarting)} workers failed)"
+    record = RestartRecord(
+        epoch=epoch,
+        trigger=RestartTrigger(
+            worker=trigger.worker,
+            failure_class=trigger.failure_class,
+            detail=detail,
+            action=trigger.action,
+        ),
+        detected_at=p.now,
+        recreated=sorted(recreated),
+        counted=counted or None,
+    )
+    if p.last_restart is not None and p.last_restart.barrier_open_at is None:
+        # Superseded before its barrier opened: the history keeps it, unfinished.
+        p.history.append(p.last_restart)
+    p.last_restart = record
+    p.epoch = epoch
+    r = p.restarts
+    p.restarts = RestartCounts(
+        total=r.total + 1,
+        counted=r.counted + counted,
+        in_place=r.in_place + (not recreated),
+        recreated_workers=r.recreated_workers + len(recreated),
+    )
+    message = f"Restarting the gang at epoch {epoch}: {_worker(p, trigger.worker)} " + (
+        f"{trigger.failure_class}: {detail}"
+    )
+    if recreated:
+        message += f"; recreating worker(s) {sorted(recreated)}"
+    p.phase = Phase.RESTARTING
+    p.set_condition(ConditionType.RESTARTING, ConditionStatus.TRUE, trigger.failure_class, message)
+    p.events.append(EventSpec("Warning", REASON_GANG_RESTARTING, message))
+    p.restart_started = record
+    p.acted = restarting
+
+
+def _to_recreate(p: _Pass, restarting: list[Decision]) -> set[int]:
+    """Ranks created anew by a restart: all in `Recreate` mode; else those the policy recreates,
+    those whose pod is gone, and those that cannot restart in place."""
+    replicas = p.job.spec.replicas
+    if p.effective_mode is RestartMode.RECREATE:
+        return set(range(replicas))
+    ranks = {
+        d.worker
+        for d in restarting
+        if d.action is FailureAction.RECREATE_WORKER or not d.failure.in_place
+    }
+    ranks.update(rank for rank in range(replicas) if rank not in p.gang.workers)
+    ranks.update(rank for rank, pod in p.gang.live.items() if _stuck(p, pod) is not None)
+    return ranks
+
+
+def _stuck(p: _Pass, pod: PodView) -> tuple[FailureClass, str] | None:
+    """Why a live worker cannot restart in place (its pod finished, its node is lost, or in
+    `Process` mode its trainer's container, the agent, is dead), or None."""
+    if pod.phase in _POD_TERMINAL:
+        return FailureClass.POD_FAILED, f"pod is {pod.phase}"
+    if pod.node_name is not None:
+        lost = classify.node_lost(pod.node_name, p.node_of(pod))
+        if lost is not None:
+            return FailureClass.NODE_LOST, lost
+    trainer = pod.container(p.job.spec.trainer_container_name)
+    if p.effective_mode is RestartMode.PROCESS and trainer and trainer.state == "terminated":
+        return FailureClass.PROCESS_EXIT, f"container {trainer.name} (the agent) terminated"
+    return None
+
+
+def _delete_recreated(p: _Pass) -> bool:
+    """The old pods of the workers the current restart recreates are deleted until they are
+    gone: a pass after a lost delete asks again, from the status alone."""
+    last = p.last_restart
+    if last is None or last.epoch != p.epoch:
+        return False
+    for rank in last.recreated:
+        pod = p.gang.live.get(rank)
+        # The pod created for the restart is at its epoch; any older one is to go.
+        if pod is not None and (pod.created_epoch is None or pod.created_epoch < p.epoch):
+            p.delete(pod, REASON_WORKER_RECREATED)
+    return False
+
+
+def _recreate_laggards(p: _Pass) -> bool:
+    """Workers the barrier waits for in vain are recreated at the epoch, without a bump (nobody
+    runs at it yet): those below it that cannot restart in place, and those not arrived
+    `spec.restart.barrierTimeoutSeconds` after the restart began (or their pod was created)."""
+    if p.barrier_epoch == p.epoch:
+        return False
+    last = p.last_restart if p.last_restart and p.last_restart.epoch == p.epoch else None
+    timeout = p.job.spec.restart.barrier_timeout_seconds
+    for rank, pod in sorted(p.staying().items()):
+        if pod.arrived_epoch == p.epoch:
+            continue
+        failure: classify.Failure | None = None
+        stuck = None if at_epoch(pod, p.epoch) else _stuck(p, pod)
+        if stuck is not None:
+            cls, detail = stuck
+            failure = classify.Failure(rank, cls, detail, node_name=pod.node_name, in_place=False)
+        elif last is not None:
+            since = max(last.detected_at, pod.creation_timestamp or last.detected_at)
+            waited = (p.now - since).total_seconds()
+            if waited >= timeout:
+                failure = classify.barrier_timeout(rank, waited)
+            else:
+                p.requeue(timeout - waited)
+        if failure is not None:
+            _recreate_worker(p, pod, failure, last)
+    return False
+
+
+def _recreate_worker(
+    p: _Pass, pod: PodView, failure: classify.Failure, last: RestartRecord | None
+) -> None:
+    p.delete(pod, REASON_WORKER_RECREATED)
+    rank = failure.worker
+    # Recorded once per rank and restart: a pass over the same pods (a delete not yet seen)
+    # must neither count nor announce it again.
+    if last is None or rank in last.recreated:
+        return
+    p.last_restart = last.model_copy(update={"recreated": sorted({*last.recreated, rank})})
+    r = p.restarts
+    p.restarts = r.model_copy(update={"recreated_workers": r.recreated_workers + 1})
+    p.acted.append(Decision(failure, FailureAction.RECREATE_WORKER, counted=False))
+    p.events.append(
+        EventSpec(
+            "Warning",
+            REASON_WORKER_RECREATED,
+            f"Recreating {_worker(p, rank)} at epoch {p.epoch}: "
+            f"{failure.failure_class}: {failure.detail}",
+        )
+    )
 
 
 def _create(p: _Pass) -> bool:
-    """The Service if missing, and every missing rank's pod."""
+    """The Service if missing, and every missing rank's pod, at the epoch of this pass."""
     if not p.observed.service_exists:
         p.create_service = podspec.build_service(p.job)
     name = p.job.metadata.name
+    job = _job_for_pods(p, p.effective_mode)
     for rank in range(p.job.spec.replicas):
         # A pod of this name still terminating counts as present: a second pod of the same
         # name cannot be created, and the new one waits for the old to be gone.
-        if podspec.pod_name(name, rank) not in p.gang.names:
-            p.create_pods[rank] = podspec.build_pod(p.job, rank, p.config.agent_image)
+        if podspec.pod_name(name, rank) in p.gang.names:
+            continue
+        try:
+            pod = podspec.build_pod(job, rank, p.config.agent_image)
+        except ValueError as e:
+            return _invalid_template(p, e)
+        p.create_pods[rank] = finish_pod(pod, p.effective_mode, p.avoid_nodes)
     if p.create_pods:
         count = len(p.create_pods)
         p.events.append(
@@ -361,17 +779,68 @@ def _create(p: _Pass) -> bool:
     return False
 
 
+def _invalid_template(p: _Pass, error: ValueError) -> bool:
+    """podspec cannot build a worker from the template: say why, once, and create nothing
+    until the spec changes."""
+    reason = getattr(error, "reason", REASON_INVALID_TEMPLATE)
+    if not isinstance(reason, str) or not reason.isalnum():
+        reason = REASON_INVALID_TEMPLATE
+    message = f"Cannot build worker pods: {error}"
+    p.create_pods.clear()
+    ready = get_condition(p.conditions, ConditionType.READY)
+    if ready is None or (ready.reason, ready.message) != (reason, message):
+        p.events.append(EventSpec("Warning", reason, message))
+    p.set_condition(ConditionType.READY, ConditionStatus.FALSE, reason, message)
+    return True
+
+
+def _barrier(p: _Pass) -> bool:
+    """The barrier of `status.epoch` opens once every worker has arrived at it: all ranks
+    present, none terminating or being deleted, each arrived at exactly the epoch; never over a
+    failure that waits for its restart."""
+    if p.barrier_epoch == p.epoch or p.pending_failure:
+        return False
+    staying = p.staying()
+    if len(staying) < p.job.spec.replicas:
+        return False
+    if any(pod.arrived_epoch != p.epoch for pod in staying.values()):
+        return False
+    p.barrier_epoch = p.epoch
+    p.barrier_opened_at = p.now
+    last = p.last_restart
+    if last is None or last.epoch != p.epoch or last.barrier_open_at is not None:
+        return False
+    duration = max(0.0, (p.now - last.detected_at).total_seconds())
+    done = last.model_copy(update={"barrier_open_at": p.now, "duration_seconds": duration})
+    p.last_restart = done
+    p.history.append(done)
+    message = (
+        f"Every worker arrived at epoch {p.epoch}: the gang restarted in {duration:.2f}s "
+        f"(trigger: {_worker(p, last.trigger.worker)} {last.trigger.failure_class})"
+    )
+    p.set_condition(ConditionType.RESTARTING, ConditionStatus.FALSE, REASON_BARRIER_OPEN, message)
+    p.events.append(EventSpec("Normal", REASON_GANG_RESTARTED, message))
+    p.restart_finished = done
+    return False
+
+
 def _running(p: _Pass) -> bool:
-    """Pending until every worker is Running and Ready, then Running."""
+    """Restarting until the barrier of a restart opens; then Pending until every worker is
+    Running and Ready, then Running."""
     replicas = p.job.spec.replicas
     live = p.gang.live
     ready = sum(pod.phase == POD_RUNNING and pod.ready for pod in live.values())
     message = f"{ready}/{replicas} workers ready"
-    if ready == replicas:
+    restarting = p.last_restart is not None and p.last_restart.epoch == p.epoch
+    if restarting and p.barrier_epoch != p.epoch:
+        p.phase = Phase.RESTARTING
+    elif ready == replicas:
         p.phase = Phase.RUNNING
-        p.set_condition(ConditionType.READY, ConditionStatus.TRUE, REASON_WORKERS_READY, message)
     else:
         p.phase = Phase.PENDING
+    if ready == replicas:
+        p.set_condition(ConditionType.READY, ConditionStatus.TRUE, REASON_WORKERS_READY, message)
+    else:
         p.set_condition(
             ConditionType.READY, ConditionStatus.FALSE, REASON_WORKERS_NOT_READY, message
         )
@@ -381,10 +850,18 @@ def _running(p: _Pass) -> bool:
 STEPS: Final[tuple[Step, ...]] = (
     _stop_if_job_deleted,
     _delete_strays,
+    _force_delete_lost,
     _finished,
     _suspend,
+    _choose_mode,
     _complete,
+    _delete_recreated,
+    _classify,
+    _fail_by_policy,
+    _restart,
+    _recreate_laggards,
     _create,
+    _barrier,
     _running,
 )
 
@@ -404,6 +881,14 @@ def plan(observed: Observed, config: PlanConfig = PlanConfig()) -> Plan:
         conditions=list(status.conditions),
         start_time=status.start_time,
         completion_time=status.completion_time,
+        epoch=status.epoch,
+        barrier_epoch=status.barrier_epoch,
+        barrier_opened_at=status.barrier_opened_at,
+        restarts=status.restarts,
+        last_restart=status.last_restart,
+        history=list(status.history),
+        mode=status.mode,
+        avoid_nodes=list(status.avoid_nodes or ()),
     )
     for step in STEPS:
         if step(p):
@@ -414,9 +899,111 @@ def plan(observed: Observed, config: PlanConfig = PlanConfig()) -> Plan:
 # --- decisions, as small pure functions -------------------------------------------------------
 
 
+def _restarting(decisions: Sequence[Decision]) -> list[Decision]:
+    return [
+        d
+        for d in decisions
+        if d.action in (FailureAction.RESTART_GANG, FailureAction.RECREATE_WORKER)
+    ]
+
+
+def _worker(p: _Pass, rank: int | None) -> str:
+    if rank is None:
+        return "the gang"
+    return f"worker {rank} (pod {podspec.pod_name(p.job.metadata.name, rank)})"
+
+
+def _job_for_pods(p: _Pass, mode: RestartMode) -> GangJob:
+    """The job as podspec must see it to build pods of this pass: at its (maybe new) epoch,
+    which the pods record as their created-epoch, and in the mode in effect."""
+    status = p.job.status.model_copy(update={"epoch": p.epoch, "mode": mode})
+    return p.job.model_copy(update={"status": status})
+
+
+def finish_pod(
+    pod: dict[str, Any], mode: RestartMode, avoid_nodes: Sequence[str]
+) -> dict[str, Any]:
+    """What plan adds to podspec's worker pod: the mode it is built for (the mode fallback
+    reads it back), and a required node affinity that keeps it off `avoid_nodes`."""
+    metadata = pod.setdefault("metadata", {})
+    metadata.setdefault("annotations", {})[ANNOTATION_RESTART_MODE] = mode.value
+    if avoid_nodes:
+        avoid = {"key": HOSTNAME_LABEL, "operator": "NotIn", "values": list(avoid_nodes)}
+        affinity = pod.setdefault("spec", {}).setdefault("affinity", {})
+        node_affinity = affinity.setdefault("nodeAffinity", {})
+        required = node_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+        # Node selector terms are ORed: the exclusion must be part of every one of them.
+        terms = required.get("nodeSelectorTerms") or [{}]
+        required["nodeSelectorTerms"] = [
+            {**term, "matchExpressions": [*(term.get("matchExpressions") or []), avoid]}
+            for term in terms
+        ]
+    return pod
+
+
+def restart_records(
+    last: RestartRecord | None, history: Sequence[RestartRecord]
+) -> list[RestartRecord]:
+    """Every restart the status remembers, oldest first: the history, and the last restart if
+    it is still in progress (the history takes a restart once its barrier opened)."""
+    if last is None or (history and history[-1] == last):
+        return list(history)
+    return [*history, last]
+
+
+def consecutive_counted_restarts(records: Sequence[RestartRecord], now: datetime) -> int:
+    """Counted restarts in a row before `now` (records oldest first): the run ends at a restart
+    that did not count, or where the gang ran undisturbed for `BACKOFF_RESET_SECONDS`."""
+    count = 0
+    later = now
+    for record in reversed(records):
+        if not record.counted:
+            break
+        ran_from = record.barrier_open_at
+        if ran_from is not None and (later - ran_from).total_seconds() >= BACKOFF_RESET_SECONDS:
+            break
+        count += 1
+        later = record.detected_at
+    return count
+
+
+def backoff_remaining(
+    job: GangJob,
+    last: RestartRecord | None,
+    history: Sequence[RestartRecord],
+    start_time: datetime | None,
+    now: datetime,
+) -> float:
+    """Seconds a counted restart must still wait: `backoffSeconds` doubled per consecutive
+    counted restart (capped), from the last barrier opening (or restart, or start)."""
+    backoff = job.spec.restart.backoff_seconds
+    if backoff <= 0:
+        return 0.0
+    n = 1 + consecutive_counted_restarts(restart_records(last, history), now)
+    delay = min(BACKOFF_CAP_SECONDS, backoff * 2.0 ** min(n - 1, 16))
+    anchor = (last.barrier_open_at or last.detected_at) if last is not None else start_time
+    if anchor is None:
+        return 0.0
+    return max(0.0, (anchor + timedelta(seconds=delay) - now).total_seconds())
+
+
+def worker_succeeded(pod: PodView, epoch: int, trainer: str) -> bool:
+    """The worker's training finished with success: its pod Succeeded, or at `epoch` its
+    trainer exited 0 (its container, or as the agent reported in `Process` mode)."""
+    if pod.phase == POD_SUCCEEDED:
+        return True
+    if not at_epoch(pod, epoch):
+        return False
+    if pod.reported_exit == (epoch, 0):
+        return True
+    container = pod.container(trainer)
+    return container is not None and container.state == "terminated" and container.exit_code == 0
+
+
 def job_succeeded(job: GangJob, workers: Mapping[int, PodView]) -> tuple[str, str] | None:
     """(reason, message) if the job has succeeded by its successPolicy, else None."""
-    succeeded = {rank for rank, pod in workers.items() if pod.phase == POD_SUCCEEDED}
+    epoch, trainer = job.status.epoch, job.spec.trainer_container_name
+    succeeded = {rank for rank, pod in workers.items() if worker_succeeded(pod, epoch, trainer)}
     if job.spec.success_policy is SuccessPolicy.RANK0:
         if 0 in succeeded:
             return REASON_RANK0_SUCCEEDED, "Rank 0 succeeded"
@@ -424,21 +1011,6 @@ def job_succeeded(job: GangJob, workers: Mapping[int, PodView]) -> tuple[str, st
     if len(succeeded) == job.spec.replicas:
         return REASON_ALL_SUCCEEDED, f"All {job.spec.replicas} workers succeeded"
     return None
-
-
-def worker_failure(job: GangJob, workers: Mapping[int, PodView]) -> tuple[str, str] | None:
-    """(reason, message) if a worker failed, else None.
-
-    For now any worker pod in phase Failed fails the job. The restart protocol replaces this
-    with classification (DESIGN.md section 4) and gang restarts.
-    """
-    failed = sorted(rank for rank, pod in workers.items() if pod.phase == POD_FAILED)
-    if not failed:
-        return None
-    message = describe_failure(workers[failed[0]], job.spec.trainer_container_name)
-    if len(failed) > 1:
-        message += f" ({len(failed)} workers failed)"
-    return REASON_WORKER_FAILED, message
 
 
 def describe_failure(pod: PodView, trainer: str) -> str:

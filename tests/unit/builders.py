@@ -133,3 +133,34 @@ def make_pod(
         "spec": {"nodeName": node, "containers": [{"name": "trainer", "image": "trainer:1"}]},
         "status": status,
     }
+
+
+RESTART_ALL_CONTAINERS_FEATURE = "RestartAllContainersOnContainerExits"
+
+
+def make_node(
+    name: str = "node-0",
+    *,
+    ready: str = "True",
+    taints: tuple[str, ...] = (),
+    features: tuple[str, ...] = (RESTART_ALL_CONTAINERS_FEATURE,),
+    conditions: dict[str, str] | None = None,
+    allocatable: dict[str, str] | None = None,
+    capacity: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """A Node as the apiserver returns it: Ready (unless `ready` says otherwise), declaring
+    KEP-5532's feature, with the given taints (effect NoExecute) and extra conditions."""
+    node_conditions = [{"type": "Ready", "status": ready}]
+    node_conditions += [{"type": t, "status": s} for t, s in (conditions or {}).items()]
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "spec": {"taints": [{"key": key, "effect": "NoExecute"} for key in taints]},
+        "status": {
+            "conditions": node_conditions,
+            "allocatable": {"cpu": "8", "pods": "110", **(allocatable or {})},
+            "capacity": {"cpu": "8", "pods": "110", **(capacity or {})},
+            "declaredFeatures": list(features),
+        },
+    }

@@ -23,9 +23,17 @@ from api.v1alpha1 import (
     RestartTrigger,
 )
 from controller.conditions import get_condition
-from controller.plan import EventSpec, Observed, Plan, PlanConfig, PodDelete, plan
-from controller.views import PodView
-from tests.unit.builders import JOB_NAME, T0, make_job, make_pod, with_status
+from controller.plan import (
+    EventSpec,
+    Observed,
+    Plan,
+    PlanConfig,
+    PodDelete,
+    describe_failure,
+    plan,
+)
+from controller.views import NodeView, PodView
+from tests.unit.builders import JOB_NAME, T0, make_job, make_node, make_pod, with_status
 
 NOW = T0 + timedelta(minutes=1, microseconds=250)
 STAMP = NOW.replace(microsecond=0)
@@ -37,11 +45,12 @@ def observe(
     *,
     service: bool = True,
     now: datetime = NOW,
+    nodes: Sequence[dict[str, Any]] = (make_node(),),
 ) -> Observed:
     return Observed(
         job=job,
         pods=[PodView.from_pod(p) for p in pods],
-        nodes={},
+        nodes={n.name: n for n in map(NodeView.from_node, nodes)},
         service_exists=service,
         now=now,
     )
@@ -263,31 +272,39 @@ def test_rank0_policy_succeeds_with_rank_0_and_frees_the_rest() -> None:
     assert names(result) == []
 
 
-def test_a_failed_worker_fails_the_job() -> None:
+FAIL_ON_3 = {"rules": [{"action": "FailJob", "onExitCodes": {"operator": "In", "values": [3]}}]}
+
+
+def test_a_non_retriable_exit_fails_the_job() -> None:
     pods = [make_pod(0), make_pod(1, phase="Failed", exit_code=3), make_pod(2, phase="Pending")]
-    result = plan(observe(make_job(replicas=3), pods))
-    message = "Worker pod llama-1 (rank 1) failed: container trainer exited with code 3 (Error)"
+    result = plan(observe(make_job(replicas=3, failurePolicy=FAIL_ON_3), pods))
+    message = (
+        "worker 1 (pod llama-1): container trainer exited with code 3 (Error); also PodFailed; "
+        "spec.failurePolicy.rules[0] fails the job"
+    )
     assert result.status.phase is Phase.FAILED
     assert result.status.completion_time == STAMP
-    assert condition(result, ConditionType.FAILED) == ("True", "WorkerFailed", message)
+    assert result.status.epoch == 0
+    assert condition(result, ConditionType.FAILED) == ("True", "NonRetriableExitCode", message)
     assert result.events == [EventSpec("Warning", "Failed", message)]
     assert result.delete_pods == [
         PodDelete(name="llama-0", uid="uid-0", reason="JobFinished"),
         PodDelete(name="llama-2", uid="uid-2", reason="JobFinished"),
     ]
+    assert [(d.worker, d.action) for d in result.failures] == [(1, FailureAction.FAIL_JOB)]
 
 
-def test_failure_message_of_an_evicted_pod_and_of_several() -> None:
+def test_describe_failure_of_an_evicted_pod() -> None:
     evicted = make_pod(0, phase="Failed")
     evicted["status"]["containerStatuses"] = []
     evicted["status"]["reason"] = "Evicted"
     evicted["status"]["message"] = "The node was low on resource: memory."
-    result = plan(observe(make_job(replicas=2), [evicted, make_pod(1, phase="Failed")]))
-    assert condition(result, ConditionType.FAILED) == (
-        "True",
-        "WorkerFailed",
-        "Worker pod llama-0 (rank 0) failed: Evicted: The node was low on resource: memory. "
-        "(2 workers failed)",
+    assert describe_failure(PodView.from_pod(evicted), "trainer") == (
+        "Worker pod llama-0 (rank 0) failed: Evicted: The node was low on resource: memory."
+    )
+    crashed = PodView.from_pod(make_pod(1, phase="Failed", exit_code=3))
+    assert describe_failure(crashed, "trainer") == (
+        "Worker pod llama-1 (rank 1) failed: container trainer exited with code 3 (Error)"
     )
 
 
@@ -331,9 +348,9 @@ def test_ttl_requeues_until_it_elapses_then_deletes_the_job() -> None:
 
 def test_ttl_zero_deletes_at_once() -> None:
     result = plan(
-        observe(make_job(replicas=1, ttlSecondsAfterFinished=0), [make_pod(0, phase="Failed")])
+        observe(make_job(replicas=1, ttlSecondsAfterFinished=0), [make_pod(0, phase="Succeeded")])
     )
-    assert result.status.phase is Phase.FAILED
+    assert result.status.phase is Phase.SUCCEEDED
     assert result.delete_job
 
 

@@ -135,11 +135,58 @@ def test_pod_view_parses_every_field() -> None:
         last_exit_code=137,
         last_reason="RestartingAllContainers",
         unhealthy_resources=("nvidia.com/gpu",),
+        unknown_health_resources=("example.com/nic",),
     )
     logger = view.container("logger")
     assert logger is not None
     assert (logger.state, logger.reason, logger.started) == ("waiting", "CrashLoopBackOff", None)
     assert view.container("missing") is None
+
+
+def test_pod_view_reads_termination_times_requests_rules_and_mode() -> None:
+    pod: dict[str, Any] = {
+        "metadata": {"name": "llama-0", "annotations": {"gangjob.io/restart-mode": "Pod"}},
+        "spec": {
+            "initContainers": [
+                {
+                    "name": "gangjob-agent",
+                    "restartPolicy": "Always",
+                    "restartPolicyRules": [{"action": "RestartAllContainers"}],
+                    "resources": {"requests": {"cpu": "100m"}},
+                }
+            ],
+            "containers": [
+                {
+                    "name": "trainer",
+                    "resources": {
+                        "requests": {"memory": "1Gi", "example.com/nic": "1"},
+                        "limits": {"nvidia.com/gpu": "8", "kubernetes.io/bandwidth": "1"},
+                    },
+                }
+            ],
+        },
+        "status": {
+            "containerStatuses": [
+                {
+                    "name": "trainer",
+                    "state": {"terminated": {"exitCode": 1, "finishedAt": "2026-05-01T10:03:00Z"}},
+                    "lastState": {
+                        "terminated": {"exitCode": 137, "finishedAt": "2026-05-01T10:02:00Z"}
+                    },
+                }
+            ]
+        },
+    }
+    view = PodView.from_pod(pod)
+    assert view.requested_resources == {"nvidia.com/gpu", "example.com/nic"}
+    assert view.has_restart_rules
+    assert view.restart_mode == "Pod"
+    trainer = view.container("trainer")
+    assert trainer is not None
+    assert trainer.finished_at == datetime(2026, 5, 1, 10, 3, tzinfo=UTC)
+    assert trainer.last_finished_at == datetime(2026, 5, 1, 10, 2, tzinfo=UTC)
+    pod["spec"]["initContainers"][0]["restartPolicyRules"] = []
+    assert not PodView.from_pod(pod).has_restart_rules
 
 
 def test_pod_view_of_a_pod_just_created() -> None:
