@@ -28,6 +28,7 @@ from controller.kube import (
     PODS,
     SERVICES,
     AlreadyExists,
+    ApiError,
     Conflict,
     JsonDict,
     Kube,
@@ -36,6 +37,11 @@ from controller.kube import (
 from controller.plan import EventSpec, Observed, Plan, PlanConfig, PodDelete, plan
 from controller.store import BY_GANGJOB, Store
 from controller.views import NodeView, PodView
+from controller.workeraccess import (
+    ensure_worker_access,
+    forget_worker_access,
+    missing_service_account,
+)
 
 log = logging.getLogger(__name__)
 
@@ -105,15 +111,48 @@ class Reconciler:
         # Creating 1000 pods one by one takes ~30 s; the apiserver takes ~16-32 in flight well.
         self._create_slots = asyncio.Semaphore(create_concurrency)
         self.identity = identity
+        self._pod_views: dict[str, tuple[str, PodView]] = {}
+        self._node_views: dict[str, tuple[str, NodeView]] = {}
 
     # -- observe ---------------------------------------------------------------------------
     def observe(self, obj: JsonDict) -> Observed:
         job = parse_gangjob(obj)
         ns, name = job.metadata.namespace, job.metadata.name
-        pods = [PodView.from_pod(p) for p in self.caches.pods.by_index(BY_GANGJOB, f"{ns}/{name}")]
-        nodes = {v.name: v for v in (NodeView.from_node(n) for n in self.caches.nodes.list())}
+        pods = [self._pod_view(p) for p in self.caches.pods.by_index(BY_GANGJOB, f"{ns}/{name}")]
+        nodes = {v.name: v for v in (self._node_view(n) for n in self.caches.nodes.list())}
         service = self.caches.services.get(f"{ns}/{name}") is not None
         return Observed(job=job, pods=pods, nodes=nodes, service_exists=service, now=self.now())
+
+    # A gang of N pods sees ~N pod events while it starts, and each pass looks at all N pods:
+    # parse each object version once, not once per pass (O(N) instead of O(N^2) parses).
+    def _pod_view(self, obj: JsonDict) -> PodView:
+        meta = obj.get("metadata", {})
+        uid, rv = meta.get("uid", ""), meta.get("resourceVersion", "")
+        hit = self._pod_views.get(uid)
+        if hit is None or hit[0] != rv:
+            hit = (rv, PodView.from_pod(obj))
+            self._pod_views[uid] = hit
+            if len(self._pod_views) > 2 * len(self.caches.pods) + 1000:
+                self._prune(self._pod_views, self.caches.pods.list())
+        return hit[1]
+
+    def _node_view(self, obj: JsonDict) -> NodeView:
+        meta = obj.get("metadata", {})
+        uid, rv = meta.get("uid", ""), meta.get("resourceVersion", "")
+        hit = self._node_views.get(uid)
+        if hit is None or hit[0] != rv:
+            hit = (rv, NodeView.from_node(obj))
+            self._node_views[uid] = hit
+            if len(self._node_views) > 2 * len(self.caches.nodes) + 100:
+                self._prune(self._node_views, self.caches.nodes.list())
+        return hit[1]
+
+    @staticmethod
+    def _prune(views: dict[str, Any], live: list[JsonDict]) -> None:
+        """Forgets the views of objects gone from the cache."""
+        keep = {o.get("metadata", {}).get("uid", "") for o in live}
+        for uid in [u for u in views if u not in keep]:
+            del views[uid]
 
     # -- the pass --------------------------------------------------------------------------
     async def reconcile(self, key: str) -> Outcome:
@@ -144,6 +183,8 @@ class Reconciler:
             if await self._delete_pod(ns, d):
                 out.deleted += 1
         if decided.create_pods:
+            # The workers' agents run as `gangjob-worker`: make it exist in this namespace first.
+            await ensure_worker_access(self.kube, ns)
             results = await asyncio.gather(
                 *(self._create_pod(ns, pod) for pod in decided.create_pods)
             )
@@ -168,6 +209,11 @@ class Reconciler:
             except AlreadyExists:
                 # Names are `<job>-<rank>`: the pod exists already (our cache lagged behind).
                 return False
+            except ApiError as e:
+                if missing_service_account(e):
+                    # Someone deleted it after we made it: make it again on the retry.
+                    forget_worker_access(ns)
+                raise
 
     async def _delete_pod(self, ns: str, d: PodDelete) -> bool:
         try:
