@@ -828,7 +828,8 @@ def _running(p: _Pass) -> bool:
     """Restarting until the barrier of a restart opens; then Pending until every worker is
     Running and Ready, then Running."""
     replicas = p.job.spec.replicas
-    live = p.gang.live
+    # Counted as they will be once this plan is carried out, as `workers_status` does.
+    live = p.staying()
     ready = sum(pod.phase == POD_RUNNING and pod.ready for pod in live.values())
     message = f"{ready}/{replicas} workers ready"
     restarting = p.last_restart is not None and p.last_restart.epoch == p.epoch
