@@ -40,6 +40,7 @@ PACKAGES = {
     "containernetworking-plugins": CNI_BIN / "bridge",
     "busybox-static": Path("/bin/busybox"),
     "iproute2": Path("/usr/sbin/ip"),
+    "python3.11": images.PYTHON,  # Debian's interpreter and stdlib, copied into the images
 }
 
 
@@ -94,9 +95,25 @@ def ensure_packages(out: TextIO) -> None:
 
 
 # ---- images ------------------------------------------------------------------------------
+AGENT_IMAGE = "localhost/gangjob-agent:dev"
+AGENT_PYZ = "opt/gangjob/agent.pyz"  # where the agent image keeps the zipapp
+
+
+def agent_image() -> images.ImageSpec:
+    """Python 3 and the agent zipapp: the Pod-mode sidecar, and the init container that copies
+    the agent into a worker for Process mode."""
+    from agent.build import build_zipapp  # the agent package, built fresh from this checkout
+
+    pyz = build_zipapp(cache_root() / "images" / "agent.pyz")
+    spec = images.python_image(AGENT_IMAGE, {AGENT_PYZ: pyz})
+    spec.entrypoint = ["/usr/bin/python3", f"/{AGENT_PYZ}"]
+    spec.cmd = ["sidecar"]
+    return spec
+
+
 def image_specs() -> list[images.ImageSpec]:
-    """The images every node gets; later issues add the agent and trainer images here."""
-    return [images.pause_image(), images.busybox_image()]
+    """The images every node gets."""
+    return [images.pause_image(), images.busybox_image(), agent_image()]
 
 
 def import_images(cluster: Cluster, sock: Path, out: TextIO) -> None:

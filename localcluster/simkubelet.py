@@ -1,0 +1,353 @@
+"""A simulated kubelet for GangJob workers on KWOK nodes: runs the REAL agent for each pod, in
+this process, and plays the kubelet's part of the restart protocol.
+
+KWOK brings pods to Running and completes their deletion; it knows nothing of restart rules.
+This class adds what the real kubelet 1.36 does (LOCALCLUSTER.md, measured on a real node):
+- a Pod-mode agent that exits with the restart code, or a trainer that exits with a code of
+  its `RestartAllContainers` rule, restarts the whole pod in place: condition
+  `AllContainersRestarting` and Ready False at once, every container's restartCount +1 with
+  the synthetic lastState `{exitCode: 137, reason: RestartingAllContainers}`, and after
+  `restart_delay` (about 2 s on the real node) the containers run again and a new agent starts;
+- a trainer exit code outside the rule leaves the trainer terminated with that code and the
+  pod Failed;
+- `Process` mode runs the agent with a stand-in trainer process that exits when told to.
+Many agents share one HTTP client, so a benchmark can run thousands in one process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import functools
+import logging
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.agent import Agent, Mode
+from agent.apiclient import Api, ApiError, ClientError
+from agent.config import Config
+from agent.constants import RESTART_EXIT_CODE
+
+log = logging.getLogger(__name__)
+
+JsonDict = dict[str, Any]
+AGENT_CONTAINER = "gangjob-agent"
+SYNTHETIC_EXIT = {"exitCode": 137, "reason": "RestartingAllContainers"}
+# The stand-in trainer of Process mode: runs until `crash` appears in its dir, then exits with
+# the code written there (the file is removed so the next run starts clean).
+SIM_TRAINER = [
+    "/bin/sh",
+    "-c",
+    'while [ ! -f "$GANGJOB_DIR/crash" ]; do sleep 0.05; done; '
+    'c=$(cat "$GANGJOB_DIR/crash"); rm -f "$GANGJOB_DIR/crash"; exit "$c"',
+]
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def pod_mode(pod: JsonDict) -> Mode:
+    """Which agent the controller built this pod for: a sidecar agent (Pod or Recreate mode)
+    or the agent wrapping the trainer (Process mode)."""
+    for c in pod.get("spec", {}).get("initContainers", []):
+        if c.get("name") == AGENT_CONTAINER and c.get("restartPolicy") == "Always":
+            return Mode.POD
+    return Mode.PROCESS
+
+
+def trainer_rule_codes(pod: JsonDict, trainer: str) -> Callable[[int], bool]:
+    """Whether the trainer's `RestartAllContainers` rule matches an exit code."""
+    for c in pod.get("spec", {}).get("containers", []):
+        if c.get("name") != trainer:
+            continue
+        for rule in c.get("restartPolicyRules") or []:
+            if rule.get("action") != "RestartAllContainers":
+                continue
+            codes = rule.get("exitCodes", {})
+            values = set(codes.get("values", []))
+            if codes.get("operator") == "In":
+                return lambda code: code in values
+            return lambda code: code not in values
+    return lambda code: False
+
+
+@dataclass
+class Worker:
+    """One pod the simulated kubelet runs."""
+
+    name: str
+    mode: Mode
+    dir: Path
+    agent: Agent | None = None
+    task: asyncio.Task[int] | None = None
+    restarts: int = 0
+    failed: bool = False
+    lost: bool = False
+    events: list[str] = field(default_factory=list)
+
+
+class SimKubelet:
+    """Runs agents for the GangJob pods of one namespace; `run()` as a task, `close()` after."""
+
+    def __init__(
+        self,
+        api: Api,
+        namespace: str,
+        *,
+        restart_delay: float = 2.0,
+        trainer_container: str = "trainer",
+        kill_grace_seconds: float = 1.0,
+    ) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.restart_delay = restart_delay
+        self.trainer = trainer_container
+        self.kill_grace_seconds = kill_grace_seconds
+        self.workers: dict[str, Worker] = {}
+        self.pods: dict[str, JsonDict] = {}
+        self._root = Path(tempfile.mkdtemp(prefix=f"simkubelet-{namespace}-"))
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._agent_tasks: set[asyncio.Task[int]] = set()
+        self._changed = asyncio.Event()
+
+    @property
+    def pods_path(self) -> str:
+        return f"/api/v1/namespaces/{self.namespace}/pods"
+
+    # -- the pod watch -------------------------------------------------------------------
+    async def run(self) -> None:
+        """List and watch the namespace's gang pods; start and stop agents as they come/go."""
+        params = {"labelSelector": "gangjob.io/name"}
+        while True:
+            try:
+                listed = await self.api.get(self.pods_path, params)
+                for pod in listed.get("items", []):
+                    self._seen(pod)
+                rv = listed.get("metadata", {}).get("resourceVersion", "")
+                query = {**params, "resourceVersion": rv, "allowWatchBookmarks": "true"}
+                stream = self.api.watch(self.pods_path, query, inactivity_timeout=90.0)
+                async with contextlib.aclosing(stream):
+                    async for ev in stream:
+                        if ev["type"] in ("ADDED", "MODIFIED"):
+                            self._seen(ev["object"])
+                        elif ev["type"] == "DELETED":
+                            self._gone(ev["object"])
+            except (ClientError, OSError) as e:
+                log.warning("simkubelet watch broke (%s); listing again", e)
+                await asyncio.sleep(0.5)
+
+    def _seen(self, pod: JsonDict) -> None:
+        name = pod["metadata"]["name"]
+        old = self.pods.get(name)
+        if old is not None and old["metadata"]["uid"] != pod["metadata"]["uid"]:
+            self._stop_worker(name)  # a new pod of the same name: a recreated worker
+        self.pods[name] = pod
+        self._changed.set()
+        self._changed = asyncio.Event()
+        if pod["metadata"].get("deletionTimestamp"):
+            self._stop_worker(name)
+            return
+        w = self.workers.get(name)
+        running = pod.get("status", {}).get("phase") == "Running"
+        if w is None and running:
+            self._start_worker(pod)
+
+    def _gone(self, pod: JsonDict) -> None:
+        name = pod["metadata"]["name"]
+        if self.pods.get(name, {}).get("metadata", {}).get("uid") == pod["metadata"]["uid"]:
+            self.pods.pop(name, None)
+            self._stop_worker(name)
+
+    # -- agents --------------------------------------------------------------------------
+    def _start_worker(self, pod: JsonDict) -> None:
+        name = pod["metadata"]["name"]
+        job = pod["metadata"]["labels"]["gangjob.io/name"]
+        wdir = self._root / name
+        wdir.mkdir(parents=True, exist_ok=True)
+        w = self.workers.get(name) or Worker(name, pod_mode(pod), wdir)
+        self.workers[name] = w
+        config = Config(
+            job_name=job,
+            pod_name=name,
+            namespace=self.namespace,
+            dir=wdir,
+            probe_port=None,
+            kill_grace_seconds=self.kill_grace_seconds,
+        )
+        cmd = SIM_TRAINER if w.mode is Mode.PROCESS else ()
+        w.agent = Agent(config, self.api, mode=w.mode, command=cmd, env={"PATH": "/usr/bin:/bin"})
+        w.task = asyncio.create_task(w.agent.run())
+        self._agent_tasks.add(w.task)
+        w.task.add_done_callback(self._agent_tasks.discard)
+        w.task.add_done_callback(functools.partial(self._agent_done, w))
+
+    def _stop_worker(self, name: str) -> None:
+        w = self.workers.pop(name, None)
+        if w is not None and w.agent is not None:
+            w.agent.stop()
+
+    def _agent_done(self, w: Worker, task: asyncio.Task[int]) -> None:
+        if task.cancelled() or self.workers.get(w.name) is not w or w.lost:
+            return
+        if task.exception() is not None:
+            log.error("agent of %s failed: %r", w.name, task.exception())
+            return
+        if task.result() == RESTART_EXIT_CODE and w.mode is Mode.POD:
+            # The agent's own RestartAllContainers rule: the whole pod restarts in place.
+            self._spawn(self._restart_all(w, "agent exited with the restart code"))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- what the real kubelet would do --------------------------------------------------
+    async def _patch_status(self, name: str, mutate: Callable[[JsonDict], None]) -> None:
+        for _ in range(5):
+            try:
+                pod = await self.api.get(f"{self.pods_path}/{name}")
+            except ApiError as e:
+                if e.status == 404:
+                    return
+                raise
+            status = copy.deepcopy(pod.get("status", {}))
+            mutate(status)
+            patch = {"metadata": {"resourceVersion": pod["metadata"]["resourceVersion"]},
+                     "status": status}  # fmt: skip
+            try:
+                await self.api.merge_patch(f"{self.pods_path}/{name}/status", patch)
+                return
+            except ApiError as e:
+                if e.status != 409:
+                    raise
+
+    async def _restart_all(self, w: Worker, why: str) -> None:
+        """KEP-5532: every container of the pod restarts; same pod, UID, IP and volumes."""
+        w.events.append(f"restart-all: {why}")
+        if w.agent is not None:
+            w.agent.stop()
+        if w.task is not None:
+            with contextlib.suppress(Exception):
+                await w.task
+        stamp = _now()
+
+        def restarting(status: JsonDict) -> None:
+            conds = [
+                c for c in status.get("conditions", []) if c["type"] != "AllContainersRestarting"
+            ]
+            for c in conds:
+                if c["type"] in ("Ready", "ContainersReady"):
+                    c["status"], c["lastTransitionTime"] = "False", stamp
+            conds.append({"type": "AllContainersRestarting", "status": "True",
+                          "lastTransitionTime": stamp})  # fmt: skip
+            status["conditions"] = conds
+            for key in ("containerStatuses", "initContainerStatuses"):
+                for c in status.get(key, []):
+                    c["restartCount"] = c.get("restartCount", 0) + 1
+                    c["lastState"] = {"terminated": {**SYNTHETIC_EXIT, "finishedAt": stamp,
+                                                     "startedAt": stamp}}  # fmt: skip
+                    c["state"] = {"waiting": {"reason": "PodInitializing"}}
+                    c["ready"] = False
+
+        await self._patch_status(w.name, restarting)
+        await asyncio.sleep(self.restart_delay)  # the kubelet's restart, as measured
+        if self.workers.get(w.name) is not w or w.lost:
+            return
+        again = _now()
+
+        def running(status: JsonDict) -> None:
+            conds = [
+                c for c in status.get("conditions", []) if c["type"] != "AllContainersRestarting"
+            ]
+            for c in conds:
+                if c["type"] in ("Ready", "ContainersReady"):
+                    c["status"], c["lastTransitionTime"] = "True", again
+            status["conditions"] = conds
+            status["phase"] = "Running"
+            for key in ("containerStatuses", "initContainerStatuses"):
+                for c in status.get(key, []):
+                    c["state"] = {"running": {"startedAt": again}}
+                    c["ready"] = True
+                    c["started"] = True
+
+        await self._patch_status(w.name, running)
+        w.restarts += 1
+        pod = self.pods.get(w.name)
+        if pod is not None and self.workers.get(w.name) is w:
+            self._start_worker(pod)
+
+    # -- failure injection (what a test does to a worker) --------------------------------
+    async def crash(self, name: str, code: int) -> None:
+        """The worker's trainer exits with `code`, as a real one would."""
+        w = self.workers[name]
+        pod = self.pods[name]
+        if w.mode is Mode.PROCESS:
+            (w.dir / "crash").write_text(f"{code}\n")  # the stand-in trainer exits with it
+            return
+        if trainer_rule_codes(pod, self.trainer)(code):
+            await self._restart_all(w, f"trainer exited {code}")
+            return
+        # Not in the rule: the trainer stays terminated with its real code; the pod fails.
+        w.failed = True
+        if w.agent is not None:
+            w.agent.stop()
+        stamp = _now()
+        trainer = self.trainer
+
+        def failed(status: JsonDict) -> None:
+            status["phase"] = "Failed"
+            for c in status.get("conditions", []):
+                if c["type"] in ("Ready", "ContainersReady"):
+                    c["status"], c["lastTransitionTime"] = "False", stamp
+            for key in ("containerStatuses", "initContainerStatuses"):
+                for c in status.get(key, []):
+                    exit_code = code if c["name"] == trainer else 0
+                    reason = "Error" if exit_code else "Completed"
+                    term = {"exitCode": exit_code, "reason": reason}
+                    c["state"] = {"terminated": {**term, "startedAt": stamp, "finishedAt": stamp}}
+                    c["ready"] = False
+
+        await self._patch_status(name, failed)
+
+    def lose(self, name: str) -> None:
+        """The worker's node died: its agent stops without a word (no status, no exit)."""
+        w = self.workers.get(name)
+        if w is not None:
+            w.lost = True
+            if w.agent is not None:
+                w.agent.stop()
+
+    # -- observing -----------------------------------------------------------------------
+    async def wait(self, predicate: Callable[[SimKubelet], bool], timeout: float = 30.0) -> None:
+        """Until `predicate(self)` holds, re-checked on every pod event and agent step."""
+        async with asyncio.timeout(timeout):
+            while not predicate(self):
+                waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(self._changed.wait())]
+                for w in self.workers.values():
+                    if w.agent is not None:
+                        waits.append(asyncio.ensure_future(_next_state(w.agent)))
+                _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                for p in pending:
+                    p.cancel()
+
+    async def close(self) -> None:
+        """Stops every agent and waits for them."""
+        for name in list(self.workers):
+            self._stop_worker(name)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, *self._agent_tasks, return_exceptions=True)
+        shutil.rmtree(self._root, ignore_errors=True)
+
+
+async def _next_state(agent: Agent) -> None:
+    """Returns when the agent's state changes."""
+    now = agent.state
+    await agent.wait_for(lambda s: s is not now)
