@@ -15,6 +15,7 @@ API objects on every pass, so a restarted controller carries on where the last o
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -547,9 +548,13 @@ def _classify(p: _Pass) -> bool:
         pod = p.gang.workers.get(rank)
         if pod is None:
             failure = classify.missing(ctx, rank)
-        elif pod.name in p.delete_pods or not at_epoch(pod, p.epoch):
+        elif not at_epoch(pod, p.epoch):
             continue
         else:
+            if pod.name in p.delete_pods and not pod.terminating:
+                # Deleted by this very pass (its mode changed): judged as the next pass will
+                # see it, terminating, so that replanning the outcome finds nothing new.
+                pod = dataclasses.replace(pod, deletion_timestamp=p.now)
             failure = classify.detect(ctx, rank, pod, p.node_of(pod))
         if failure is not None:
             p.decisions.append(classify.decide(p.job, failure))
@@ -759,10 +764,13 @@ def _create(p: _Pass) -> bool:
         p.create_service = podspec.build_service(p.job)
     name = p.job.metadata.name
     job = _job_for_pods(p, p.effective_mode)
+    # A pod of this name still terminating counts as present: a second pod of the same name
+    # cannot be created, and the new one waits for the old to be gone. A force-delete (grace
+    # 0, no finalizers of ours) frees the name at once, and reconcile deletes before it creates.
+    forced = {d.name for d in p.delete_pods.values() if d.grace_seconds == 0}
+    taken = p.gang.names - forced
     for rank in range(p.job.spec.replicas):
-        # A pod of this name still terminating counts as present: a second pod of the same
-        # name cannot be created, and the new one waits for the old to be gone.
-        if podspec.pod_name(name, rank) in p.gang.names:
+        if podspec.pod_name(name, rank) in taken:
             continue
         try:
             pod = podspec.build_pod(job, rank, p.config.agent_image)
