@@ -23,7 +23,13 @@ from typing import Any, TypeVar
 from agent.apiclient import Api, ClientError
 from agent.arrival import AnnotationArrival, Arrival
 from agent.config import Config
-from agent.constants import ENV_DIR, ENV_EPOCH, EPOCH_FILE, RESTART_EXIT_CODE
+from agent.constants import (
+    ENV_DIR,
+    ENV_EPOCH,
+    EPOCH_FILE,
+    RESTART_EXIT_CODE,
+    UNKNOWN_EXIT_CODE,
+)
 from agent.probe import ProbeServer
 from agent.protocol import Backoff, Barrier, JobState, arrived_epoch, barrier, target_epoch
 from agent.trainer import Trainer
@@ -310,6 +316,13 @@ class Agent:
         self._set(step=Step.WAITING_FOR_EPOCH, epoch=arrived)
         self.log.info(
             "pod already arrived at epoch %d (failed there): waiting for the next epoch", arrived
+        )
+        # Say so durably: the kubelet's restart condition is fleeting and the controller may
+        # have been down for it. Best effort: the controller may also have seen it already.
+        report = (arrived, UNKNOWN_EXIT_CODE)
+        await self._retry(
+            f"reporting the restart at epoch {arrived}",
+            lambda: self._arrival.arrive(arrived, report),
         )
         state = await self._wait_job(lambda s: s.epoch > arrived)
         return state.epoch

@@ -43,3 +43,8 @@ BARRIER_PATH: Final = "/barrier"
 HEALTHZ_PATH: Final = "/healthz"
 
 SERVICE_ACCOUNT_DIR: Final = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+UNKNOWN_EXIT_CODE: Final = -1
+"""Reported as `gangjob.io/exit: "<E>:-1"` by an agent whose pod restarted under it at an epoch
+it had arrived at: the trainer failed at E, and the kubelet kept no exit code (KEP-5532). The
+controller may have missed the moment (it was down); this report is the durable trace."""

@@ -323,11 +323,12 @@ def _exit_signals(s: _Signals, ctx: Context, pod: PodView) -> None:
     if pod.reported_exit is not None:
         epoch, code = pod.reported_exit
         if epoch == ctx.epoch and code != 0:
+            how = f"with code {code}" if code is not None else "(its pod restarted; code unknown)"
             s.exit(
                 FailureClass.PROCESS_EXIT,
                 ctx.trainer,
                 code,
-                f"trainer exited with code {code} at epoch {epoch} (reported by the agent)",
+                f"trainer exited {how} at epoch {epoch} (reported by the agent)",
             )
     if pod.conditions.get(ALL_CONTAINERS_RESTARTING, ("",))[0] == ConditionStatus.TRUE:
         s.exit(

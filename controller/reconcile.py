@@ -21,7 +21,7 @@ from opentelemetry.trace import Tracer
 
 from api.constants import API_VERSION, KIND
 from api.v1alpha1 import GangJob, GangJobStatus, dump_status, parse_gangjob
-from controller import tracing
+from controller import metrics, tracing
 from controller.kube import (
     CORE_EVENTS,
     GANGJOBS,
@@ -190,7 +190,9 @@ class Reconciler:
             )
             out.created = sum(results)
         out.status_written = await self._write_status(job, obj, decided.status)
-        # Events only once the status they describe is stored (a failed write re-plans them).
+        # Events, metrics and spans only once the status they describe is stored: a failed
+        # write raises, and the next pass plans (and reports) the same restart again.
+        self._report(job, decided)
         for ev in decided.events:
             await self._event(job, ev)
         out.events = list(decided.events)
@@ -200,6 +202,39 @@ class Reconciler:
                     GANGJOBS, name, ns, uid=job.metadata.uid, propagation_policy="Background"
                 )
         return out
+
+    def _report(self, job: GangJob, decided: Plan) -> None:
+        ns, name = job.metadata.namespace, job.metadata.name
+        for d in decided.failures:
+            metrics.RESTARTS.labels(str(d.failure_class), str(d.action)).inc()
+        metrics.EPOCH.labels(ns, name).set(decided.status.epoch)
+        done = decided.restart_finished
+        if done is not None and done.barrier_open_at is not None:
+            mode = str(decided.status.mode or job.spec.restart.mode)
+            if done.duration_seconds is not None:
+                metrics.RESTART_DURATION.labels(mode).observe(done.duration_seconds)
+            tracing.record_restart_span(
+                self.tracer,
+                ns,
+                name,
+                epoch=done.epoch,
+                trigger_class=done.trigger.failure_class,
+                mode=mode,
+                detected_at=done.detected_at,
+                barrier_open_at=done.barrier_open_at,
+                recreated=done.recreated,
+                trigger_worker=done.trigger.worker,
+            )
+            log.info(
+                "gang %s/%s restarted to epoch %d in %.2fs (%s)",
+                ns, name, done.epoch, done.duration_seconds or 0, done.trigger.failure_class,
+            )  # fmt: skip
+        if decided.restart_started is not None:
+            r = decided.restart_started
+            log.info(
+                "gang %s/%s: %s of worker %s -> epoch %d (%s)",
+                ns, name, r.trigger.failure_class, r.trigger.worker, r.epoch, r.trigger.action,
+            )  # fmt: skip
 
     async def _create_pod(self, ns: str, pod: JsonDict) -> bool:
         async with self._create_slots:

@@ -72,13 +72,20 @@ def parse_decimal_int(value: Any) -> int | None:
     return None
 
 
-def parse_exit_report(value: Any) -> tuple[int, int] | None:
-    """The `gangjob.io/exit` annotation, `<epoch>:<code>`, as (epoch, code); else None."""
+UNKNOWN_EXIT: Final = "-1"
+"""The code a `Pod`-mode agent reports when its pod restarted under it at an epoch it had
+arrived at: the trainer failed there, but the kubelet kept no exit code (KEP-5532)."""
+
+
+def parse_exit_report(value: Any) -> tuple[int, int | None] | None:
+    """The `gangjob.io/exit` annotation, `<epoch>:<code>`, as (epoch, code), the code None when
+    the agent reported it unknown; else None."""
     if not isinstance(value, str):
         return None
     epoch_text, sep, code_text = value.partition(":")
-    epoch, code = parse_decimal_int(epoch_text), parse_decimal_int(code_text)
-    if not sep or epoch is None or code is None:
+    epoch = parse_decimal_int(epoch_text)
+    code = None if code_text == UNKNOWN_EXIT else parse_decimal_int(code_text)
+    if not sep or epoch is None or (code is None and code_text != UNKNOWN_EXIT):
         return None
     return epoch, code
 
@@ -207,7 +214,7 @@ class PodView:
     """The `gangjob.io/epoch` annotation: the epoch the agent says this worker arrived at."""
     created_epoch: int | None
     """The `gangjob.io/created-epoch` annotation: `status.epoch` when the pod was created."""
-    reported_exit: tuple[int, int] | None
+    reported_exit: tuple[int, int | None] | None
     """The `gangjob.io/exit` annotation (`Process` mode) as (epoch, exit code)."""
     reason: str | None
     """`status.reason` (`Evicted`, `NodeLost`, ...)."""

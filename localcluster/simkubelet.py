@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.agent import Agent, Mode
+from agent.agent import Agent, AgentState, Mode
 from agent.apiclient import Api, ApiError, ClientError
 from agent.config import Config
 from agent.constants import RESTART_EXIT_CODE
@@ -149,8 +149,7 @@ class SimKubelet:
         if old is not None and old["metadata"]["uid"] != pod["metadata"]["uid"]:
             self._stop_worker(name)  # a new pod of the same name: a recreated worker
         self.pods[name] = pod
-        self._changed.set()
-        self._changed = asyncio.Event()
+        self._poke()
         if pod["metadata"].get("deletionTimestamp"):
             self._stop_worker(name)
             return
@@ -158,6 +157,11 @@ class SimKubelet:
         running = pod.get("status", {}).get("phase") == "Running"
         if w is None and running:
             self._start_worker(pod)
+
+    def _poke(self) -> None:
+        """Wakes `wait`: something it may be waiting for changed."""
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
 
     def _gone(self, pod: JsonDict) -> None:
         name = pod["metadata"]["name"]
@@ -187,6 +191,7 @@ class SimKubelet:
         self._agent_tasks.add(w.task)
         w.task.add_done_callback(self._agent_tasks.discard)
         w.task.add_done_callback(functools.partial(self._agent_done, w))
+        self._poke()
 
     def _stop_worker(self, name: str) -> None:
         w = self.workers.pop(name, None)
@@ -194,6 +199,7 @@ class SimKubelet:
             w.agent.stop()
 
     def _agent_done(self, w: Worker, task: asyncio.Task[int]) -> None:
+        self._poke()
         if task.cancelled() or self.workers.get(w.name) is not w or w.lost:
             return
         if task.exception() is not None:
@@ -332,7 +338,9 @@ class SimKubelet:
                 waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(self._changed.wait())]
                 for w in self.workers.values():
                     if w.agent is not None:
-                        waits.append(asyncio.ensure_future(_next_state(w.agent)))
+                        # The state as the predicate saw it, taken now: a change between this
+                        # check and the waiter's first run must still wake it.
+                        waits.append(asyncio.ensure_future(_next_state(w.agent, w.agent.state)))
                 _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
                 for p in pending:
                     p.cancel()
@@ -347,7 +355,6 @@ class SimKubelet:
         shutil.rmtree(self._root, ignore_errors=True)
 
 
-async def _next_state(agent: Agent) -> None:
-    """Returns when the agent's state changes."""
-    now = agent.state
-    await agent.wait_for(lambda s: s is not now)
+async def _next_state(agent: Agent, seen: AgentState) -> None:
+    """Returns when the agent's state is no longer `seen`."""
+    await agent.wait_for(lambda s: s is not seen)

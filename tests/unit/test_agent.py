@@ -358,7 +358,14 @@ async def test_pod_mode_after_its_pod_restarted_arrives_at_the_next_epoch(
         await until(a, lambda s: s.step == Step.WAITING_FOR_EPOCH)
         fake.set_status(barrierEpoch=2)  # the gang is running at 2 without it
         await asyncio.sleep(0.05)  # give it a chance to misbehave
-        assert fake.patches == []
+        # Its only write: the durable report that it failed at 2 (code unknown), the epoch
+        # annotation unchanged: it does not arrive at 2 a second time.
+        assert fake.patches == [
+            (
+                "train-0",
+                {"metadata": {"annotations": {ANNOTATION_EPOCH: "2", ANNOTATION_EXIT: "2:-1"}}},
+            )
+        ]
         fake.set_status(epoch=3)
         await until(a, at(Step.AT_BARRIER, 3))
         assert fake.annotations("train-0")[ANNOTATION_EPOCH] == "3"

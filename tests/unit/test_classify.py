@@ -163,6 +163,16 @@ def test_process_mode_exit_report(report: str, expected: tuple[Any, ...] | None)
     assert summary(detect(obj, context=ctx(mode=RestartMode.PROCESS))) == expected
 
 
+def test_pod_mode_agent_report_of_a_restart_is_a_failure_with_unknown_code() -> None:
+    # The pod restarted in place at the gang's epoch while the controller was not looking: the
+    # agent, back up and already arrived there, reports it (code unknown to the kubelet).
+    obj = pod()
+    obj["metadata"]["annotations"]["gangjob.io/exit"] = "2:-1"
+    assert summary(detect(obj)) == (FailureClass.PROCESS_EXIT, None, True)
+    obj["metadata"]["annotations"]["gangjob.io/exit"] = "1:-1"  # an older epoch: handled then
+    assert detect(obj) is None
+
+
 def test_process_mode_dead_agent_cannot_restart_in_place() -> None:
     obj = pod()
     trainer(obj)["state"] = terminated(1)

@@ -257,6 +257,8 @@ def test_parse_decimal_int(text: object, expected: int | None) -> None:
         ("3:1", (3, 1)),
         ("0:0", (0, 0)),
         ("12:255", (12, 255)),
+        ("4:-1", (4, None)),  # a Pod-mode agent's report: restarted at 4, code unknown
+        ("4:-2", None),
         ("3", None),
         ("3:", None),
         (":1", None),
@@ -266,7 +268,7 @@ def test_parse_decimal_int(text: object, expected: int | None) -> None:
         (None, None),
     ],
 )
-def test_parse_exit_report(text: str | None, expected: tuple[int, int] | None) -> None:
+def test_parse_exit_report(text: str | None, expected: tuple[int, int | None] | None) -> None:
     assert parse_exit_report(text) == expected
 
 
