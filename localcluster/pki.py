@@ -95,11 +95,9 @@ def ensure_pki(
     sans += ["DNS:kubernetes.default.svc", "DNS:kubernetes.default.svc.cluster.local"]
     sans += [f"IP:{ip}" for ip in ["127.0.0.1", *apiserver_ips]]
     # The serving certificate names every address it is reached at; remake it if they changed.
-    stamp = d / "apiserver.sans"
-    if stamp.exists() and stamp.read_text() != ",".join(sans):
-        (d / "apiserver.crt").unlink(missing_ok=True)
+    if (d / "apiserver.crt").exists() and cert_sans(d / "apiserver.crt") != set(sans):
+        (d / "apiserver.crt").unlink()
     _leaf(d, "ca", "apiserver", "kube-apiserver", sans=sans, server=True)
-    stamp.write_text(",".join(sans))
     _leaf(d, "ca", "apiserver-kubelet-client", "kube-apiserver-kubelet-client", "system:masters")
     _leaf(d, "front-proxy-ca", "front-proxy-client", "front-proxy-client")
     for ident in client_identities(node_name):
@@ -111,6 +109,21 @@ def ensure_pki(
     if not (d / "sa.key").exists():
         _openssl("genrsa", "-out", str(d / "sa.key"), "2048")
         _openssl("rsa", "-in", str(d / "sa.key"), "-pubout", "-out", str(d / "sa.pub"))
+
+
+def cert_sans(crt: Path) -> set[str]:
+    """The subject alternative names of a certificate, as openssl's config spells them."""
+    res = subprocess.run(
+        ["openssl", "x509", "-in", str(crt), "-noout", "-ext", "subjectAltName"],
+        capture_output=True,
+        text=True,
+    )
+    names: set[str] = set()
+    for item in res.stdout.replace("\n", ",").split(","):
+        kind, _, value = item.strip().partition(":")
+        if value:
+            names.add(f"{'IP' if kind == 'IP Address' else kind}:{value}")
+    return names
 
 
 def client_identities(node_name: str | None) -> list[Identity]:
