@@ -16,7 +16,7 @@ API objects on every pass, so a restarted controller carries on where the last o
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal
@@ -480,13 +480,24 @@ def _pod_mode_problem(p: _Pass) -> tuple[str, str] | None:
         return None  # built in Pod mode already: a node that stops declaring it changes nothing
     if any(
         node.ready == "True" and FEATURE_RESTART_ALL_CONTAINERS in node.declared_features
-        for node in p.observed.nodes.values()
+        for node in eligible_nodes(p.job, p.observed.nodes.values())
     ):
         return None
     return (
         REASON_NODES_LACK_FEATURE,
-        f"No Ready node declares {FEATURE_RESTART_ALL_CONTAINERS} (KEP-5532)",
+        f"No Ready node the workers may run on declares {FEATURE_RESTART_ALL_CONTAINERS} "
+        "(KEP-5532): a Pod-mode worker could not be scheduled",
     )
+
+
+def eligible_nodes(job: GangJob, nodes: Iterable[NodeView]) -> list[NodeView]:
+    """The nodes the template's `nodeSelector` allows: in a mixed cluster only those decide
+    whether `Pod` mode can be scheduled. Node affinity is not evaluated: a template whose
+    affinity excludes every declaring node keeps `Pod` mode, and its workers stay Pending with
+    the scheduler's reason (a known gap)."""
+    spec = job.spec.template.get("spec") or {}
+    selector = spec.get("nodeSelector") or {}
+    return [n for n in nodes if all(n.labels.get(k) == v for k, v in selector.items())]
 
 
 def _rules_dropped(pod: PodView) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any, Final, Literal
@@ -383,6 +383,7 @@ class NodeView:
     declared_features: frozenset[str]
     """`status.declaredFeatures` (KEP-5328): e.g. `RestartAllContainersOnContainerExits`."""
     unschedulable: bool
+    labels: Mapping[str, str] = field(default_factory=dict)
 
     def has_taint(self, key: str, effect: str | None = None) -> bool:
         """A taint with this key (and effect, if given) is on the node."""
@@ -414,4 +415,5 @@ class NodeView:
                 f for f in _list(status.get("declaredFeatures")) if isinstance(f, str)
             ),
             unschedulable=spec.get("unschedulable") is True,
+            labels={str(k): str(v) for k, v in _mapping(metadata.get("labels")).items()},
         )

@@ -147,15 +147,20 @@ def make_node(
     conditions: dict[str, str] | None = None,
     allocatable: dict[str, str] | None = None,
     capacity: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """A Node as the apiserver returns it: Ready (unless `ready` says otherwise), declaring
-    KEP-5532's feature, with the given taints (effect NoExecute) and extra conditions."""
+    KEP-5532's feature, with the given taints (effect NoExecute) and extra conditions. Its
+    labels default to ones the template of `make_job` selects (`gpu: "true"`)."""
     node_conditions = [{"type": "Ready", "status": ready}]
     node_conditions += [{"type": t, "status": s} for t, s in (conditions or {}).items()]
     return {
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "metadata": {
+            "name": name,
+            "labels": {"kubernetes.io/hostname": name, **(labels or {"gpu": "true"})},
+        },
         "spec": {"taints": [{"key": key, "effect": "NoExecute"} for key in taints]},
         "status": {
             "conditions": node_conditions,

@@ -604,12 +604,26 @@ def test_pod_mode_when_a_ready_node_declares_the_feature() -> None:
     assert result.create_pods[0]["metadata"]["annotations"]["gangjob.io/restart-mode"] == "Pod"
 
 
+def test_only_the_nodes_the_template_selects_decide_the_mode() -> None:
+    # A mixed cluster: the declaring node is not one the template's nodeSelector allows.
+    other = make_node("cpu-pool", labels={"pool": "cpu"})
+    result = plan(new_gang([other, make_node("gpu-old", features=())]))
+    assert result.status.mode is RestartMode.PROCESS
+    reason = condition(result, ConditionType.MODE_DEGRADED)
+    assert reason is not None
+    assert reason[1] == "NodesLackRestartAllContainers"
+    # ... and a selected node that declares it keeps Pod mode.
+    result = plan(new_gang([other, make_node("gpu-new")]))
+    assert result.status.mode is RestartMode.POD
+
+
 def test_process_mode_when_no_ready_node_declares_the_feature() -> None:
     observed = new_gang([make_node("old", features=()), make_node(ready="False")])
     result = plan(observed)
     message = (
-        "No Ready node declares RestartAllContainersOnContainerExits (KEP-5532): "
-        "restart mode Pod falls back to Process"
+        "No Ready node the workers may run on declares RestartAllContainersOnContainerExits "
+        "(KEP-5532): a Pod-mode worker could not be scheduled: restart mode Pod falls back to "
+        "Process"
     )
     assert result.status.mode is RestartMode.PROCESS
     assert condition(result, ConditionType.MODE_DEGRADED) == (
