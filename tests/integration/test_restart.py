@@ -358,3 +358,25 @@ async def _lose_node(kube: Kube, node: str) -> None:
     ]
     await kube.patch(NODES, node, {"spec": {"taints": taints}})
     await wait_for(kube, NODES, node, None, lambda n: not _node_ready(n), 10, "not Ready")
+
+
+async def test_nodes_without_restart_all_containers_fall_back_to_process_mode(gang: Gang) -> None:
+    # This test's nodes stop declaring KEP-5532's feature (an older kubelet, or the gate off).
+    for node in gang.nodes:
+        await gang.kube.patch_status(NODES, node, {"status": {"declaredFeatures": None}})
+    await gang.create("old", 2)  # asks for Pod mode
+    job = await gang.running_at("old", 0, 2)
+    assert job["status"]["mode"] == "Process"
+    degraded = {c["type"]: c for c in job["status"]["conditions"]}["ModeDegraded"]
+    assert (degraded["status"], degraded["reason"]) == ("True", "NodesLackRestartAllContainers")
+    pods = await gang.pods("old")
+    for pod in pods.values():
+        assert pod["spec"]["containers"][0]["command"][:3] == [
+            "python3",
+            "/gangjob/agent.pyz",
+            "wrap",
+        ]
+    # ... and the fallback restarts in place as Process mode does.
+    await gang.agents_at(0, list(pods))
+    await gang.sim.crash("old-0", 1)
+    await gang.running_at("old", 1, 2)
