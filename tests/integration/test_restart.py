@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from agent.apiclient import HttpClient, ssl_context
-from controller.kube import GANGJOBS, NODES, PODS, JsonDict, Kube, NotFound
+from controller.kube import CORE_EVENTS, GANGJOBS, NODES, PODS, JsonDict, Kube, NotFound
 from localcluster.cluster import Cluster, Options, kwok_node
 from localcluster.simkubelet import SimKubelet
 from tests.integration.harness import (
@@ -177,6 +177,17 @@ async def test_one_worker_crashes_and_the_gang_restarts_in_place_once(gang: Gang
     await gang.agents_at(1, list(before))
     pods = await gang.pods("one")
     assert {p["metadata"]["annotations"]["gangjob.io/epoch"] for p in pods.values()} == {"1"}
+    # Reported: metrics, and Events on the GangJob (as `kubectl describe gj` shows them).
+    ctl = gang.ctl
+    assert (
+        ctl.metric("gangjob_restarts_total", {"class": "ProcessExit", "action": "RestartGang"}) == 1
+    )
+    assert ctl.metric("gangjob_restart_duration_seconds_count", {"mode": "Pod"}) == 1
+    assert ctl.metric("gangjob_epoch", {"name": "one"}) == 1
+    events = (await gang.kube.list(CORE_EVENTS, gang.ns)).items
+    reasons = [e["reason"] for e in events if e["involvedObject"]["name"] == "one"]
+    assert reasons.count("GangRestarting") == 1
+    assert reasons.count("GangRestarted") == 1
 
 
 async def test_three_crash_at_once_cause_one_bump(gang: Gang) -> None:
