@@ -22,7 +22,8 @@ from api.constants import (
     LABEL_NAME,
     LABEL_RANK,
 )
-from api.v1alpha1 import ExitCodeOperator, FailureAction, GangJob, RestartMode
+from api.v1alpha1 import GangJob, RestartMode
+from controller.classify import retriable_exit_codes
 from controller.views import ANNOTATION_CREATED_EPOCH, parse_quantity
 
 RENDEZVOUS_PORT_NAME: Final = "rendezvous"
@@ -217,11 +218,6 @@ BARRIER_PROBE_SLACK_SECONDS: Final = 60
 """The barrier probe outlasts `spec.restart.barrierTimeoutSeconds` by this much, so that the
 controller, not the kubelet, acts on a worker that never arrives: a failed startup probe would
 kill the waiting agent and make it look failed at an epoch it never ran."""
-DEFAULT_EXIT_CODE_ACTION: Final = FailureAction.RESTART_GANG
-"""What a nonzero exit of the trainer that no `onExitCodes` rule matches does (DESIGN.md
-section 1: a crash, NCCL timeout or OOM restarts the gang in place)."""
-
-_FAILURE_CODES: Final = range(1, 256)
 _RESTART_ALL_CONTAINERS: Final = "RestartAllContainers"
 
 
@@ -259,51 +255,23 @@ class TemplateConflict(PodSpecError):
 # --- the failure policy, as the kubelet applies it -------------------------------------------
 
 
-def exit_code_action(job: GangJob, container: str, exit_code: int) -> FailureAction | None:
-    """The action `spec.failurePolicy` takes when `container` exits with `exit_code`: the first
-    `onExitCodes` rule that matches, else `DEFAULT_EXIT_CODE_ACTION`; None for 0, a success.
-
-    A matcher without `containerName` is about the trainer. `NotIn` never matches 0.
-    """
-    if exit_code == 0:
-        return None
-    trainer = job.spec.trainer_container_name
-    for rule in job.spec.failure_policy.rules:
-        matcher = rule.on_exit_codes
-        if matcher is None or (matcher.container_name or trainer) != container:
-            continue
-        if (exit_code in matcher.values) is (matcher.operator is ExitCodeOperator.IN):
-            return rule.action
-    return DEFAULT_EXIT_CODE_ACTION
-
-
 def trainer_restart_rule(job: GangJob) -> dict[str, Any] | None:
     """The trainer's `RestartAllContainers` rule (KEP-5532) for `Pod` mode: it matches exactly
-    the exit codes the failure policy sends to `RestartGang`; None if it sends none there.
+    the exit codes the failure policy sends to `RestartGang` (`classify.retriable_exit_codes`,
+    the controller's own classification); None if it sends none there.
 
     Every other code (FailJob, RecreateWorker, Ignore) must stay out: after a whole-pod restart
     the kubelet keeps no real exit code, so a trainer that exits with one of them has to stay
-    terminated for the controller to read and classify its code. The codes are enumerated
-    (1-255: what a Linux process can exit with, 128+n for signal n) through `exit_code_action`,
-    so rule order, `In`/`NotIn` and the default all count exactly as the controller counts them.
-    The rule is written in the shorter of two forms, both within the API's 255 values:
-    `NotIn [0, <the others>]` (the usual case, and it also restarts on any code outside 0-255)
-    or `In [<the retriable>]` (a policy that retries only a few codes).
+    terminated for the controller to read and classify its code.
     """
-    trainer = job.spec.trainer_container_name
-    retriable = [
-        code
-        for code in _FAILURE_CODES
-        if exit_code_action(job, trainer, code) is FailureAction.RESTART_GANG
-    ]
-    if not retriable:
+    codes = retriable_exit_codes(job)
+    if codes is None:
         return None
-    kept_out = sorted(set(_FAILURE_CODES) - set(retriable))
-    if len(kept_out) + 1 <= len(retriable):
-        exit_codes = {"operator": ExitCodeOperator.NOT_IN.value, "values": [0, *kept_out]}
-    else:
-        exit_codes = {"operator": ExitCodeOperator.IN.value, "values": retriable}
-    return {"action": _RESTART_ALL_CONTAINERS, "exitCodes": exit_codes}
+    operator, values = codes
+    return {
+        "action": _RESTART_ALL_CONTAINERS,
+        "exitCodes": {"operator": operator.value, "values": values},
+    }
 
 
 # --- the restart modes ---------------------------------------------------------------------------

@@ -10,13 +10,13 @@ from hypothesis import strategies as st
 from api.constants import ENV_GANGJOB_NAME
 from api.v1alpha1 import FailureAction, GangJob, GangJobStatus, RestartMode
 from controller import podspec
+from controller.classify import exit_code_action
 from controller.podspec import (
     PodSpecError,
     TemplateConflict,
     TrainerCommandRequired,
     build_pod,
     build_service,
-    exit_code_action,
     master_addr,
     pod_name,
     trainer_restart_rule,
@@ -394,7 +394,7 @@ def test_rule_follows_a_named_trainer() -> None:
     assert "restartPolicyRules" not in container(spec, "trainer")
 
 
-def test_exit_code_action() -> None:
+def test_exit_code_action_of_the_policy() -> None:
     job = make_job(
         failurePolicy={
             "rules": [
