@@ -59,6 +59,11 @@ def controller_kubeconfig(cluster: Cluster) -> Path:
     kubectl(cluster, "apply", "-f", "-", stdin=ns_yaml)
     kubectl(cluster, "apply", "-k", str(REPO / "manifests" / "rbac"))
     token = kubectl(cluster, "-n", SYSTEM_NS, "create", "token", SA, "--duration=2h").strip()
+    return token_kubeconfig(cluster, token, cluster.dir / "gangjob-controller.kubeconfig", SA)
+
+
+def token_kubeconfig(cluster: Cluster, token: str, path: Path, user: str) -> Path:
+    """Writes a kubeconfig that reaches `cluster` with a bearer token (a ServiceAccount's)."""
     cfg = {
         "apiVersion": "v1",
         "kind": "Config",
@@ -71,11 +76,10 @@ def controller_kubeconfig(cluster: Cluster) -> Path:
                 },
             }
         ],
-        "users": [{"name": SA, "user": {"token": token}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": SA}}],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": user}}],
         "current-context": "c",
     }
-    path = cluster.dir / "gangjob-controller.kubeconfig"
     path.write_text(yaml.safe_dump(cfg))
     return path
 

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from api.constants import ANNOTATION_EPOCH, ANNOTATION_EXIT, LABEL_NAME
 from api.v1alpha1 import GangJob, RestartMode, parse_gangjob
@@ -23,6 +22,7 @@ from controller.podspec import WORKER_SERVICE_ACCOUNT, build_pod
 from controller.views import ANNOTATION_CREATED_EPOCH as CREATED_EPOCH
 from controller.workeraccess import ROLE_BINDINGS, SERVICE_ACCOUNTS, WorkerAccess
 from localcluster.cluster import Cluster
+from localcluster.tools import token_kubeconfig
 from tests.integration.harness import controller_kubeconfig, gangjob, install_crd, kubectl
 from tests.waiting import wait_for
 
@@ -35,24 +35,7 @@ JOB = "access"
 
 
 def kubeconfig_with_token(cluster: Cluster, token: str, path: Path) -> Path:
-    cfg = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "c",
-                "cluster": {
-                    "server": cluster.server,
-                    "certificate-authority": str(cluster.pki / "ca.crt"),
-                },
-            }
-        ],
-        "users": [{"name": "worker", "user": {"token": token}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "worker"}}],
-        "current-context": "c",
-    }
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    return token_kubeconfig(cluster, token, path, "worker")
 
 
 @pytest.fixture(scope="module")
