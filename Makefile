@@ -10,7 +10,7 @@ CLUSTER_PROFILE ?= sim
 NODES ?= 3
 
 .PHONY: help setup lint test test-unit test-integration test-e2e manifests install uninstall \
-        run cluster cluster-node down status build-k8s clean
+        run cluster cluster-node down status build-k8s bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -58,6 +58,18 @@ test-integration: setup ## tests on the local `sim` cluster
 
 test-e2e: setup ## tests on the local `node` cluster (real kubelet; needs root)
 	$(BIN)/pytest tests/e2e
+
+# `make bench BENCH_ARGS=--with-5000` adds N=5000 (long); `--scheduler-qps 500` gives the
+# second set of figures with the scheduler's client rate raised.
+BENCH_ARGS ?=
+BENCH_STAMP := $(VENV)/.bench-installed
+
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	@touch $@
+
+bench: $(BENCH_STAMP) ## restart latency at scale, in place vs Recreate (N=100,1000; BENCH_ARGS=--with-5000)
+	$(BIN)/python -m benchmarks.restart_scale --sizes 100,1000 $(BENCH_ARGS)
 
 build-k8s: setup ## build the pinned Kubernetes, etcd and KWOK binaries into the cache
 	$(BIN)/localcluster build

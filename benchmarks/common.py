@@ -41,9 +41,9 @@ class Progress:
             print(f"  ... {self.label}: {state} ({now - self.start:.0f}s)", file=sys.stderr)
 
 
-def write_json(name: str, data: Any) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
+def write_json(name: str, data: Any, directory: Path = RESULTS) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.json"
     path.write_text(json.dumps(data, indent=2))
     return path
 

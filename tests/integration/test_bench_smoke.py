@@ -1,0 +1,54 @@
+"""A quick smoke of `benchmarks.restart_scale` (`make bench`'s benchmark): a tiny gang through
+every measurement on the test cluster, and a report that is well formed. Not a measurement."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.restart_scale import MODES, Settings, report, run_on, write_results
+from localcluster.cluster import Cluster
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.timeout(120)
+async def test_restart_scale_runs_every_mode_and_writes_a_report(
+    sim_cluster: Cluster, tmp_path: Path
+) -> None:
+    settings = Settings(sizes=[3], reps=1, restart_delay=0.2, name="smoke")
+    data = await run_on(sim_cluster, settings)
+
+    (res,) = data["results"]
+    assert res["workers"] == 3
+    assert set(res["modes"]) == set(MODES)
+    for mode, m in res["modes"].items():
+        assert m["reps"] == 1, mode
+        assert m["seconds"]["median"] > 0, mode
+        assert m["seconds"]["p90"] >= m["seconds"]["median"], mode
+        assert m["steps"], mode
+    in_place = res["modes"]["in-place"]
+    assert set(in_place["steps"]) == {
+        "injected->visible", "visible->epoch", "epoch->arrived", "arrived->barrier",
+        "barrier->open",
+    }  # fmt: skip
+    assert in_place["controller_share_s"]["bump"] is not None
+    assert in_place["controller_share_s"]["barrier"] is not None
+    assert in_place["api_requests"]["median"] > 0
+    assert res["recreate_over_in_place"] > 0
+    assert res["controller_rss_max_mib"] > 0
+    node_lost = [r for r in res["runs"] if r["mode"] == "node-lost"]
+    assert node_lost[0]["trigger"] == "NodeLost"
+    assert len(node_lost[0]["recreated"]) == 1
+
+    paths = write_results(settings, data, tmp_path)
+    assert json.loads(paths["json"].read_text())["results"][0]["workers"] == 3  # type: ignore[union-attr]
+    md = report(settings, data, data["results"])
+    assert "## N = 3" in md
+    assert "| in-place | 1 |" in md
+    assert "goal >= 15x" in md
+    png = paths["png"]
+    if png is not None:  # matplotlib is the optional `bench` extra
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
