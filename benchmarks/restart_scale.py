@@ -136,6 +136,17 @@ Check = Callable[[], float | None]
 """A milestone: the monotonic time it was reached, or None while it is not."""
 
 
+def written_after(worker: Any, kind: str, t0: float) -> Check:
+    """The simulated kubelet's `kind` status write for this worker, if it came after `t0` (a
+    worker keeps the marks of its earlier restarts)."""
+
+    def check() -> float | None:
+        t = worker.written.get(kind)
+        return t if t is not None and t > t0 else None
+
+    return check
+
+
 def polled(cond: Callable[[], bool]) -> Check:
     """A milestone known only by polling: reached at the first poll that finds `cond`."""
     return lambda: time.monotonic() if cond() else None
@@ -442,7 +453,7 @@ async def in_place(w: World, tracker: JobTracker, rep: int, gang: str) -> dict[s
     victim = names[(rep * 7919 + 1) % len(names)]
     worker = w.s.workers[victim]
     checks: dict[str, Check] = {
-        "visible": lambda: worker.written.get("restarting"),
+        "visible": written_after(worker, "restarting", time.monotonic()),
         "epoch": lambda: tracker.epoch_at.get(e1),
         "arrived": polled(lambda: agents_at(w.s, e1, opened=False) == n),
         "barrier": lambda: tracker.barrier_at.get(e1),
@@ -509,7 +520,7 @@ async def recreate(w: World, tracker: JobTracker, rep: int) -> dict[str, Any]:
         return lambda: pods_where(w.s, lambda p: _uid(p) not in old and pred(p)) == n
 
     checks: dict[str, Check] = {
-        "visible": lambda: worker.written.get("failed"),
+        "visible": written_after(worker, "failed", time.monotonic()),
         "epoch": lambda: tracker.epoch_at.get(e1),
         "deleted": polled(lambda: pods_where(w.s, lambda p: _uid(p) in old) == 0),
         "scheduled": polled(new(lambda p: bool(p["spec"].get("nodeName")))),
