@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import yaml
 
-from localcluster import images
+from localcluster import dns, images
 from localcluster.procs import tail
 from localcluster.versions import binary, cache_root
 
@@ -118,13 +118,37 @@ def image_specs() -> list[images.ImageSpec]:
 
 def import_images(cluster: Cluster, sock: Path, out: TextIO) -> None:
     for spec in image_specs():
-        archive = cache_root() / "images" / (spec.name.replace("/", "_").replace(":", "_") + ".tar")
-        images.write_oci_archive(spec, archive)
-        ctr = ["ctr", "--address", str(sock), "--namespace", "k8s.io"]
-        _run([*ctr, "images", "import", "--no-unpack", str(archive)])
-        # Unpack for the snapshotter the CRI uses, so the first container starts at once.
-        _run([*ctr, "images", "unpack", "--snapshotter", "overlayfs", spec.name], check=False)
-        out.write(f"  imported {spec.name}\n")
+        import_image(cluster, spec, out)
+
+
+def import_image(cluster: Cluster, spec: images.ImageSpec, out: TextIO) -> None:
+    """Writes ``spec``'s archive (skipped when cached) and imports it into the node, unless
+    the node has this very build already (recorded in cluster.json by fingerprint)."""
+    archive = cache_root() / "images" / (spec.name.replace("/", "_").replace(":", "_") + ".tar")
+    images.write_oci_archive(spec, archive)
+    fp = archive.with_suffix(".fingerprint").read_text()
+    state = cluster.load()
+    if state.get("images", {}).get(spec.name) == fp:
+        return
+    t0 = time.monotonic()
+    ctr = ["ctr", "--address", str(containerd_sock(cluster)), "--namespace", "k8s.io"]
+    _run([*ctr, "images", "import", "--no-unpack", str(archive)], timeout=600)
+    # Unpack for the snapshotter the CRI uses, so the first container starts at once.
+    _run([*ctr, "images", "unpack", "--snapshotter", "overlayfs", spec.name], check=False)
+    state = cluster.load()
+    state.setdefault("images", {})[spec.name] = fp
+    cluster.save(state)
+    mb = archive.stat().st_size >> 20
+    out.write(f"  imported {spec.name} ({mb} MB, {time.monotonic() - t0:.1f}s)\n")
+
+
+def ensure_trainer_image(cluster: Cluster, out: TextIO) -> str:
+    """The PyTorch trainer image on the node, built and imported on first use (not by `up`:
+    its first build installs PyTorch, minutes; later ones are cached)."""
+    from localcluster.pytorch import PYTORCH_IMAGE, trainer_image
+
+    import_image(cluster, trainer_image(out), out)
+    return PYTORCH_IMAGE
 
 
 # ---- host network ------------------------------------------------------------------------
@@ -132,14 +156,20 @@ def _ip_forward() -> str:
     return Path("/proc/sys/net/ipv4/ip_forward").read_text().strip()
 
 
-def setup_bridge(bridge: Bridge, service_ip: str) -> None:
-    """The bridge holds the pods' gateway and the `kubernetes` Service IP (as a /32), so a
-    pod's packets to the Service reach the forwarder on this host without any NAT."""
+def dns_ip(cluster: Cluster) -> str:
+    """The cluster DNS address (kube-dns's usual `.10` of the service range)."""
+    return cluster.service_ip.rsplit(".", 1)[0] + ".10"
+
+
+def setup_bridge(bridge: Bridge, service_ip: str, dns: str) -> None:
+    """The bridge holds the pods' gateway, the `kubernetes` Service IP and the cluster DNS IP
+    (as /32s), so a pod's packets to them reach this host's forwarder and DNS server without
+    any NAT."""
     if _run(["ip", "link", "show", bridge.name], check=False).returncode != 0:
         _run(["ip", "link", "add", bridge.name, "type", "bridge"])
     prefix = bridge.subnet.split("/")[1]
     addrs = _run(["ip", "-4", "addr", "show", "dev", bridge.name]).stdout
-    for cidr in (f"{bridge.gateway}/{prefix}", f"{service_ip}/32"):
+    for cidr in (f"{bridge.gateway}/{prefix}", f"{service_ip}/32", f"{dns}/32"):
         if f"{cidr.split('/')[0]}/" not in addrs:
             _run(["ip", "addr", "add", cidr, "dev", bridge.name])
     _run(["ip", "link", "set", bridge.name, "up"])
@@ -264,6 +294,8 @@ def kubelet_config(cluster: Cluster, bridge: Bridge, gates: dict[str, bool]) -> 
         },
         "podLogsDir": str(cluster.dir / "pod-logs"),
         "clusterDomain": "cluster.local",
+        # localcluster.dns: pods resolve Services and `<hostname>.<subdomain>` as in a cluster.
+        "clusterDNS": [dns_ip(cluster)],
         "serializeImagePulls": False,
         "registerNode": True,
         "protectKernelDefaults": False,
@@ -300,7 +332,7 @@ def start_node(cluster: Cluster, bridge: Bridge, gate_flags: list[str], out: Tex
     host["netns_dir_existed"] = Path("/var/run/netns").exists()
     cluster.save(state)
     make_cgroup_root(cgroup_root(cluster))
-    setup_bridge(bridge, cluster.service_ip)
+    setup_bridge(bridge, cluster.service_ip, dns_ip(cluster))
     netd = cluster.dir / "cni" / "net.d"
     netd.mkdir(parents=True, exist_ok=True)
     (netd / "10-gangjob.conflist").write_text(json.dumps(cni_config(cluster, bridge), indent=2))
@@ -326,6 +358,7 @@ def start_node(cluster: Cluster, bridge: Bridge, gate_flags: list[str], out: Tex
             f"--connect=127.0.0.1:{cluster.ports.apiserver}",
         ],
     )
+    start_dns(cluster)
 
     gates = {}
     for flag in gate_flags:
@@ -353,6 +386,39 @@ def start_node(cluster: Cluster, bridge: Bridge, gate_flags: list[str], out: Tex
         env=env,
     )
     cluster._wait("the node to be Ready", lambda: cluster.ready_nodes() >= 1, 90, "kubelet", out)
+
+
+def start_dns(cluster: Cluster) -> None:
+    """localcluster.dns on the DNS address, which a `kube-dns` Service reserves so that the
+    apiserver never hands it to another Service."""
+    ip = dns_ip(cluster)
+    with contextlib.suppress(urllib.error.HTTPError):  # 409: there already
+        cluster.api("POST", "/api/v1/namespaces/kube-system/services", kube_dns_service(ip))
+    k = cluster.pki
+    cluster._launch(
+        "cluster-dns",
+        [
+            sys.executable, "-m", "localcluster.dns", f"--listen={ip}:53",
+            f"--server={cluster.server}", f"--ca={k / 'ca.crt'}",
+            f"--cert={k / 'admin.crt'}", f"--key={k / 'admin.key'}",
+        ],
+    )  # fmt: skip
+    want = f"kubernetes.default.svc.{dns.CLUSTER_DOMAIN}"
+    cluster._wait(
+        "cluster DNS", lambda: dns.resolve(ip, want) == [cluster.service_ip], 30, "cluster-dns"
+    )
+
+
+def kube_dns_service(ip: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "kube-dns", "labels": {"k8s-app": "kube-dns"}},
+        "spec": {
+            "clusterIP": ip,
+            "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}],
+        },
+    }
 
 
 # ---- teardown ----------------------------------------------------------------------------
