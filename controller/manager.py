@@ -18,13 +18,14 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from api.constants import ANNOTATION_EPOCH
 from controller import metrics
 from controller.health import HealthServer, make_app
-from controller.kube import GANGJOBS, LEASES, NODES, PODS, SERVICES, Kube
+from controller.kube import GANGJOBS, LEASES, NODES, PODS, SERVICES, JsonDict, Kube
 from controller.leader import LeaderElectionConfig, LeaderElector
 from controller.plan import PlanConfig
 from controller.queue import WorkQueue
-from controller.reconcile import Caches, Reconciler
+from controller.reconcile import Caches, Outcome, Reconciler
 from controller.store import (
     BY_GANGJOB,
     BY_NODE,
@@ -38,6 +39,21 @@ from controller.store import (
 log = logging.getLogger(__name__)
 
 CONTROLLER_NAME = "gangjob"
+ARRIVAL_COALESCE = 0.05
+"""Seconds that pod events carrying only an arrival wait, so that a burst shares one pass."""
+_VOLATILE_META = ("resourceVersion", "managedFields", "annotations")
+
+
+def arrival_only(old: JsonDict, new: JsonDict) -> bool:
+    """Whether a pod changed only in its `gangjob.io/epoch` annotation."""
+    if old.get("status") != new.get("status") or old.get("spec") != new.get("spec"):
+        return False
+    om, nm = old.get("metadata") or {}, new.get("metadata") or {}
+    if any(om.get(k) != nm.get(k) for k in (om.keys() | nm.keys()) - set(_VOLATILE_META)):
+        return False
+    oa, na = om.get("annotations") or {}, nm.get("annotations") or {}
+    changed = {k for k in oa.keys() | na.keys() if oa.get(k) != na.get(k)}
+    return changed == {ANNOTATION_EPOCH}
 
 
 @dataclass
@@ -87,21 +103,36 @@ class Manager:
         self.stores = [self.jobs, self.pods, self.nodes, self.services]
         self.is_leader = False
         self.elector: LeaderElector | None = None
+        # When each queued key was first made dirty by a watch event since its last pass: the
+        # start of the controller's own share of a restart (gangjob_restart_controller_seconds).
+        self._dirty_since: dict[str, float] = {}
+
+    def _enqueue(self, key: str) -> None:
+        self._dirty_since.setdefault(key, time.monotonic())
+        self.queue.add(key)
 
     # -- event handlers: map a change to the GangJob keys it concerns ---------------------
     def _on_job(self, event: StoreEvent) -> None:
-        self.queue.add(event.key)
+        self._enqueue(event.key)
 
     def _on_pod(self, event: StoreEvent) -> None:
+        # A worker's arrival (its epoch annotation, nothing else) is one of N during a restart
+        # and no failure: arrivals within ARRIVAL_COALESCE share one pass over the gang.
+        # Everything else (the kubelet's status, deletions, exit reports) is looked at now.
+        arrival = event.old is not None and arrival_only(event.old, event.obj)
         for key in gangjob_index(event.obj):
-            self.queue.add(key)
+            if arrival:
+                self._dirty_since.setdefault(key, time.monotonic())
+                self.queue.add_after(key, ARRIVAL_COALESCE)
+            else:
+                self._enqueue(key)
 
     def _on_node(self, event: StoreEvent) -> None:
         # A node going away or bad concerns every gang with a pod on it.
         name = event.obj.get("metadata", {}).get("name", "")
         for pod in self.pods.by_index(BY_NODE, name):
             for key in gangjob_index(pod):
-                self.queue.add(key)
+                self._enqueue(key)
 
     # -- readiness --------------------------------------------------------------------------
     def synced(self) -> bool:
@@ -114,15 +145,20 @@ class Manager:
     async def _worker(self) -> None:
         while True:
             key = await self.queue.get()
+            since = self._dirty_since.pop(key, None)
             try:
                 with metrics.track_reconcile(CONTROLLER_NAME) as record:
                     try:
                         outcome = await self.reconciler.reconcile(key)
                     except Exception:
                         # Conflicts are routine (our cache behind our own write): retry soon.
+                        if since is not None:
+                            self._dirty_since[key] = min(since, self._dirty_since.get(key, since))
                         self.queue.add_rate_limited(key)
                         raise
                     self.queue.forget(key)
+                    if since is not None:
+                        self._report_share(key, since, outcome)
                     if outcome.requeue_after is not None:
                         record.result = "requeue_after"
                         self.queue.add_after(key, outcome.requeue_after)
@@ -131,6 +167,14 @@ class Manager:
                 log.log(level, "reconcile %s failed: %s", key, e, exc_info=level >= logging.ERROR)
             finally:
                 self.queue.done(key)
+
+    @staticmethod
+    def _report_share(key: str, since: float, outcome: Outcome) -> None:
+        for step, done in (("bump", outcome.epoch_bumped), ("barrier", outcome.barrier_opened)):
+            if done:
+                took = time.monotonic() - since
+                metrics.RESTART_STEP.labels(step).observe(took)
+                log.info("gang %s: %s written %.3fs after the watch event", key, step, took)
 
     async def _lead(self) -> None:
         self.is_leader = True

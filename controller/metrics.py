@@ -141,6 +141,15 @@ RESTART_DURATION = Histogram(
     buckets=(0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600),
     registry=REGISTRY,
 )
+RESTART_STEP = Histogram(
+    "gangjob_restart_controller_seconds",
+    "The controller's own share of a restart: from the watch event that made the key dirty "
+    "to the status write returning; step=bump (failure seen -> epoch written) or "
+    "step=barrier (last arrival seen -> barrier written)",
+    ["step"],
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+    registry=REGISTRY,
+)
 EPOCH = Gauge(
     "gangjob_epoch",
     "The GangJob's status.epoch",
