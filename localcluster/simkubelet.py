@@ -91,6 +91,9 @@ class Worker:
     failed: bool = False
     lost: bool = False
     events: list[str] = field(default_factory=list)
+    written: dict[str, float] = field(default_factory=dict)
+    """`time.monotonic()` when the kubelet's last status write of each kind returned
+    (`restarting`, `running`, `failed`): when a failure became visible in the API."""
 
 
 class SimKubelet:
@@ -104,6 +107,7 @@ class SimKubelet:
         restart_delay: float = 2.0,
         trainer_container: str = "trainer",
         kill_grace_seconds: float = 1.0,
+        kubelet_concurrency: int = 64,
     ) -> None:
         self.api = api
         self.namespace = namespace
@@ -116,6 +120,9 @@ class SimKubelet:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._agent_tasks: set[asyncio.Task[int]] = set()
         self._changed = asyncio.Event()
+        # Thousands of pods restart at once in a gang restart: the kubelets' status writes share
+        # this process's connections, so they queue here rather than time out connecting.
+        self._kubelet_slots = asyncio.Semaphore(kubelet_concurrency)
 
     @property
     def pods_path(self) -> str:
@@ -216,23 +223,33 @@ class SimKubelet:
 
     # -- what the real kubelet would do --------------------------------------------------
     async def _patch_status(self, name: str, mutate: Callable[[JsonDict], None]) -> None:
-        for _ in range(5):
-            try:
-                pod = await self.api.get(f"{self.pods_path}/{name}")
-            except ApiError as e:
-                if e.status == 404:
+        """A status write as the kubelet makes it: conditional on the pod version it started
+        from (the watch's copy first, a fresh read after a conflict), retried on overload."""
+        async with self._kubelet_slots:
+            pod: JsonDict | None = self.pods.get(name)
+            delay = 0.05
+            for _ in range(40):
+                try:
+                    if pod is None:
+                        pod = await self.api.get(f"{self.pods_path}/{name}")
+                    status = copy.deepcopy(pod.get("status", {}))
+                    mutate(status)
+                    patch = {"metadata": {"resourceVersion": pod["metadata"]["resourceVersion"]},
+                             "status": status}  # fmt: skip
+                    await self.api.merge_patch(f"{self.pods_path}/{name}/status", patch)
                     return
-                raise
-            status = copy.deepcopy(pod.get("status", {}))
-            mutate(status)
-            patch = {"metadata": {"resourceVersion": pod["metadata"]["resourceVersion"]},
-                     "status": status}  # fmt: skip
-            try:
-                await self.api.merge_patch(f"{self.pods_path}/{name}/status", patch)
-                return
-            except ApiError as e:
-                if e.status != 409:
-                    raise
+                except ApiError as e:
+                    if e.status == 404:
+                        return
+                    if e.status == 409:
+                        pod = None  # read it again
+                        continue
+                    if e.status not in (429, 500, 503, 504):
+                        raise
+                except ClientError as e:  # a transport error under load
+                    log.debug("status of %s not written (%s); retrying", name, e)
+                await asyncio.sleep(delay)
+                delay = min(1.0, delay * 2)
 
     async def _restart_all(self, w: Worker, why: str) -> None:
         """KEP-5532: every container of the pod restarts; same pod, UID, IP and volumes."""
@@ -263,6 +280,7 @@ class SimKubelet:
                     c["ready"] = False
 
         await self._patch_status(w.name, restarting)
+        w.written["restarting"] = time.monotonic()
         await asyncio.sleep(self.restart_delay)  # the kubelet's restart, as measured
         if self.workers.get(w.name) is not w or w.lost:
             return
@@ -284,6 +302,7 @@ class SimKubelet:
                     c["started"] = True
 
         await self._patch_status(w.name, running)
+        w.written["running"] = time.monotonic()
         w.restarts += 1
         pod = self.pods.get(w.name)
         if pod is not None and self.workers.get(w.name) is w:
@@ -321,6 +340,7 @@ class SimKubelet:
                     c["ready"] = False
 
         await self._patch_status(name, failed)
+        w.written["failed"] = time.monotonic()
 
     def lose(self, name: str) -> None:
         """The worker's node died: its agent stops without a word (no status, no exit)."""
