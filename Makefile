@@ -47,6 +47,9 @@ run: setup ## run the controller against the cluster of $$KUBECONFIG (from this 
 	$(BIN)/gangjob-controller --log-format text --metrics-bind-address 127.0.0.1:8080 \
 		--health-probe-bind-address 127.0.0.1:8081
 
+demo: setup ## a PyTorch DDP gang survives a killed worker on a local real kubelet (root)
+	$(BIN)/python -m localcluster.demo
+
 test: lint ## lint and every test tier (unit, integration on sim, e2e on a real node)
 	$(BIN)/pytest tests
 

@@ -1,0 +1,218 @@
+"""`make demo`: a PyTorch DDP gang survives a killed worker, on a real kubelet on this machine.
+
+Builds what is missing (Kubernetes binaries, the trainer image), starts the `node` profile as
+cluster `demo`, installs the CRD, RBAC and admission policy, runs the controller (recorded with
+the cluster, so `localcluster down --name demo` stops it too), submits
+manifests/samples/pytorch-ddp.yaml, kills one worker's training process from the host, and
+shows what a user would watch: the GangJob's progress, the restart's Event and duration, the
+trainer resuming from its checkpoint. Usage: python -m localcluster.demo [--name demo]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+import urllib.error
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from localcluster.chaos import kill_trainer
+from localcluster.cluster import Cluster, Options
+from localcluster.node import AGENT_IMAGE, ensure_trainer_image
+from localcluster.tools import REPO, controller_kubeconfig, install_crd, kubectl
+
+SAMPLE = REPO / "manifests" / "samples" / "pytorch-ddp.yaml"
+NAMESPACE = "default"
+KILL_AFTER_STEP = 30
+POLL = 0.5  # seconds between looks at the job: a demo prints, it does not need a watch
+
+
+def say(msg: str = "") -> None:
+    print(msg, flush=True)
+
+
+def banner(msg: str) -> None:
+    say(f"\n\033[1m==> {msg}\033[0m")
+
+
+class Demo:
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.job: dict[str, Any] = yaml.safe_load(SAMPLE.read_text())
+        self.name: str = self.job["metadata"]["name"]
+        volumes = self.job["spec"]["template"]["spec"]["volumes"]
+        self.checkpoints = Path(volumes[0]["hostPath"]["path"]) / self.name
+        self.last_row = ""
+        self.t0 = time.monotonic()
+
+    def elapsed(self) -> str:
+        return f"[{time.monotonic() - self.t0:6.1f}s]"
+
+    # ---- looking at the job ---------------------------------------------------------------
+    def get_job(self) -> dict[str, Any]:
+        path = f"/apis/gangjob.io/v1alpha1/namespaces/{NAMESPACE}/gangjobs/{self.name}"
+        try:
+            job: dict[str, Any] = self.cluster.api("GET", path)
+            return job
+        except urllib.error.HTTPError:
+            return {}
+
+    def row(self, job: dict[str, Any]) -> str:
+        st = job.get("status", {})
+        w = st.get("workers", {})
+        return (
+            f"{self.name:<12} {st.get('phase', ''):<11} {w.get('ready', 0)}/{w.get('total', 0):<4} "
+            f"{st.get('epoch', 0):<6} {st.get('barrierEpoch', '-')!s:<8} "
+            f"{st.get('restarts', {}).get('total', 0)}"
+        )
+
+    def show(self, job: dict[str, Any]) -> None:
+        row = self.row(job)
+        if row != self.last_row:
+            say(f"{self.elapsed()} {row}")
+            self.last_row = row
+
+    def summary(self) -> dict[str, Any]:
+        try:
+            data: dict[str, Any] = json.loads((self.checkpoints / "latest.json").read_text())
+            return data
+        except (OSError, ValueError):
+            return {}
+
+    def trainer_log(self, rank: int, tail: int = 200) -> list[str]:
+        try:
+            out = kubectl(
+                self.cluster, "-n", NAMESPACE, "logs", f"{self.name}-{rank}", "-c", "trainer",
+                f"--tail={tail}", timeout=10,
+            )  # fmt: skip
+        except RuntimeError:
+            return []
+        return [line for line in out.splitlines() if " epoch=" in line]
+
+    # ---- the story ------------------------------------------------------------------------
+    def setup(self) -> None:
+        banner(f"starting the local Kubernetes `{self.cluster.name}` (a real kubelet)")
+        self.cluster.up(Options(profile="node", nodes=1), sys.stdout)
+        banner("the trainer image: Python 3.11, CPU PyTorch, manifests/samples/ddp/train.py")
+        ensure_trainer_image(self.cluster, sys.stdout)
+        banner("installing the GangJob CRD, RBAC, admission policy; starting the controller")
+        install_crd(self.cluster)
+        kubectl(self.cluster, "apply", "-k", str(REPO / "manifests" / "policy"))
+        kubeconfig = controller_kubeconfig(self.cluster)
+        if not any(p.name == "gangjob-controller" and p.alive() for p in self.cluster.procs()):
+            self.cluster._launch(
+                "gangjob-controller",
+                [
+                    sys.executable, "-m", "controller.main", f"--kubeconfig={kubeconfig}",
+                    f"--agent-image={AGENT_IMAGE}", "--log-format=text",
+                    "--metrics-bind-address=127.0.0.1:0", "--health-probe-bind-address=127.0.0.1:0",
+                ],
+            )  # fmt: skip
+        say(f"  controller log: {self.cluster.logs / 'gangjob-controller.log'}")
+
+    def submit(self) -> None:
+        banner(f"submitting {SAMPLE.relative_to(REPO)} (2 workers, PyTorch DDP over gloo)")
+        kubectl(self.cluster, "-n", NAMESPACE, "delete", "gangjob", self.name,
+                "--ignore-not-found", "--wait=true", timeout=120)  # fmt: skip
+        shutil.rmtree(self.checkpoints, ignore_errors=True)  # a fresh run, from step 0
+        say(kubectl(self.cluster, "-n", NAMESPACE, "apply", "-f", str(SAMPLE)).strip())
+        say(f"\n{'':9}{'NAME':<12} {'PHASE':<11} {'READY':<6} {'EPOCH':<6} {'BARRIER':<8} RESTARTS")
+
+    def train_until_checkpoint(self) -> None:
+        shown = 0.0
+        while self.summary().get("step", 0) < KILL_AFTER_STEP:
+            job = self.get_job()
+            self.show(job)
+            if job.get("status", {}).get("phase") in ("Failed", "Succeeded"):
+                raise SystemExit(f"the job ended early: {job['status']}")
+            lines = self.trainer_log(1, tail=1)
+            if lines and time.monotonic() - shown > 3:
+                say(f"{self.elapsed()}   {self.name}-1: {lines[-1]}")
+                shown = time.monotonic()
+            time.sleep(POLL)
+        ck = self.summary()
+        say(f"{self.elapsed()}   checkpoint of step {ck['step']} in {self.checkpoints}")
+
+    def kill(self) -> float:
+        pod = self.cluster.api("GET", f"/api/v1/namespaces/{NAMESPACE}/pods/{self.name}-1")
+        pid = kill_trainer(self.cluster, pod)
+        banner(f"kill -9 of rank 1's training process (host pid {pid}), as an OOM kill would")
+        return time.time()
+
+    def watch_restart(self, killed_at: float) -> None:
+        resumed_shown = False
+        while True:
+            job = self.get_job()
+            self.show(job)
+            st = job.get("status", {})
+            if st.get("barrierEpoch") == 1 and not resumed_shown:
+                for line in self.trainer_log(1, tail=400):
+                    if "epoch=1" in line and ("resumed" in line or "no checkpoint" in line):
+                        last = st.get("lastRestart", {})
+                        say(f"{self.elapsed()}   {self.name}-1: {line}")
+                        say(
+                            f"{self.elapsed()}   restart: trigger {last.get('trigger')}, "
+                            f"durationSeconds {last.get('durationSeconds')} (failure seen -> "
+                            f"barrier open); kill -> training resumed "
+                            f"{time.time() - killed_at:.1f}s (at most, as seen here)"
+                        )
+                        resumed_shown = True
+                        self.events()
+            if st.get("phase") in ("Succeeded", "Failed"):
+                break
+            time.sleep(POLL)
+        banner(f"the job {st['phase']}")
+        say(kubectl(self.cluster, "-n", NAMESPACE, "get", "gj", self.name).rstrip())
+        say(f"\nlast checkpoint: {self.summary()}")
+        self.events()
+
+    def events(self) -> None:
+        out = kubectl(
+            self.cluster, "-n", NAMESPACE, "get", "events",
+            f"--field-selector=involvedObject.name={self.name}", "--sort-by=.lastTimestamp",
+        )  # fmt: skip
+        say("\n" + out.rstrip() + "\n")
+
+    def closing(self) -> None:
+        kc = self.cluster.kubeconfig
+        banner("look around")
+        say(f"""  export KUBECONFIG={kc}
+  .venv/bin/localcluster kubectl --name {self.cluster.name} -- get gj,pods -o wide
+  .venv/bin/localcluster kubectl --name {self.cluster.name} -- get gj {self.name} -o yaml   # status.lastRestart, history
+  .venv/bin/localcluster kubectl --name {self.cluster.name} -- logs {self.name}-1 -c trainer
+  .venv/bin/localcluster kubectl --name {self.cluster.name} -- get events
+  cat {self.cluster.logs / "gangjob-controller.log"}
+  ls {self.checkpoints}
+
+Run it again: make demo (reuses the cluster). Clean up (stops the cluster and the controller, removes
+the pod bridge): .venv/bin/localcluster down --name {self.cluster.name}""")  # noqa: E501
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m localcluster.demo", description=__doc__)
+    p.add_argument("--name", default="demo", help="the local cluster's name")
+    args = p.parse_args(argv)
+    if os.geteuid() != 0:
+        say("the demo runs a real kubelet and containerd: run it as root")
+        return 1
+    t0 = time.monotonic()
+    demo = Demo(Cluster(args.name))
+    demo.setup()
+    demo.submit()
+    demo.t0 = time.monotonic()
+    demo.train_until_checkpoint()
+    killed_at = demo.kill()
+    demo.watch_restart(killed_at)
+    demo.closing()
+    say(f"\ndemo took {time.monotonic() - t0:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
