@@ -312,7 +312,8 @@ def main() -> None:
     """`python -m localcluster.pytorch`: build the site-packages and the image archive."""
     t0 = time.monotonic()
     spec = trainer_image()
-    archive = images.write_oci_archive(spec, cache_root() / "images" / "gangjob-pytorch.tar")
+    name = spec.name.replace("/", "_").replace(":", "_") + ".tar"  # as node.import_image names it
+    archive = images.write_oci_archive(spec, cache_root() / "images" / name)
     print(f"{archive} {archive.stat().st_size >> 20} MB in {time.monotonic() - t0:.1f}s")
 
 
