@@ -16,7 +16,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import pydantic
 from opentelemetry.trace import Tracer
@@ -48,6 +48,7 @@ from controller.workeraccess import (
 log = logging.getLogger(__name__)
 
 REPORTING_COMPONENT = "gangjob-controller"
+V = TypeVar("V")
 
 
 def _utcnow() -> dt.datetime:
@@ -87,6 +88,37 @@ def _without_progress(status: Mapping[str, Any]) -> dict[str, Any]:
             for c in conditions
         ]
     return out
+
+
+class Views(Generic[V]):
+    """Parsed views of one kind of object, one per object version.
+
+    A gang of N pods sees ~N pod events while it starts, and each pass looks at all N pods:
+    parsing each object version once, not once per pass, keeps that O(N) instead of O(N^2).
+    """
+
+    def __init__(self, parse: Callable[[JsonDict], V], store: Store, *, slack: int) -> None:
+        self._parse = parse
+        self._store = store
+        self._slack = slack
+        self._views: dict[str, tuple[str, V]] = {}  # uid -> (resourceVersion, view)
+
+    def of(self, obj: JsonDict) -> V:
+        meta = obj.get("metadata", {})
+        uid, rv = meta.get("uid", ""), meta.get("resourceVersion", "")
+        hit = self._views.get(uid)
+        if hit is None or hit[0] != rv:
+            hit = (rv, self._parse(obj))
+            self._views[uid] = hit
+            if len(self._views) > 2 * len(self._store) + self._slack:
+                self._prune()
+        return hit[1]
+
+    def _prune(self) -> None:
+        """Forgets the views of objects gone from the cache."""
+        keep = {o.get("metadata", {}).get("uid", "") for o in self._store.list()}
+        for uid in [u for u in self._views if u not in keep]:
+            del self._views[uid]
 
 
 @dataclass
@@ -142,48 +174,19 @@ class Reconciler:
         # job's previous write. Protocol changes (epoch, barrier, phase, conditions) never wait.
         self.progress_interval = progress_interval
         self._written_at: dict[str, float] = {}
-        self._pod_views: dict[str, tuple[str, PodView]] = {}
-        self._node_views: dict[str, tuple[str, NodeView]] = {}
+        self._pod_views = Views(PodView.from_pod, caches.pods, slack=1000)
+        self._node_views = Views(NodeView.from_node, caches.nodes, slack=100)
 
     # -- observe ---------------------------------------------------------------------------
     def observe(self, obj: JsonDict) -> Observed:
         job = parse_gangjob(obj)
         ns, name = job.metadata.namespace, job.metadata.name
-        pods = [self._pod_view(p) for p in self.caches.pods.by_index(BY_GANGJOB, f"{ns}/{name}")]
-        nodes = {v.name: v for v in (self._node_view(n) for n in self.caches.nodes.list())}
+        pods = [
+            self._pod_views.of(p) for p in self.caches.pods.by_index(BY_GANGJOB, f"{ns}/{name}")
+        ]
+        nodes = {v.name: v for v in map(self._node_views.of, self.caches.nodes.list())}
         service = self.caches.services.get(f"{ns}/{name}") is not None
         return Observed(job=job, pods=pods, nodes=nodes, service_exists=service, now=self.now())
-
-    # A gang of N pods sees ~N pod events while it starts, and each pass looks at all N pods:
-    # parse each object version once, not once per pass (O(N) instead of O(N^2) parses).
-    def _pod_view(self, obj: JsonDict) -> PodView:
-        meta = obj.get("metadata", {})
-        uid, rv = meta.get("uid", ""), meta.get("resourceVersion", "")
-        hit = self._pod_views.get(uid)
-        if hit is None or hit[0] != rv:
-            hit = (rv, PodView.from_pod(obj))
-            self._pod_views[uid] = hit
-            if len(self._pod_views) > 2 * len(self.caches.pods) + 1000:
-                self._prune(self._pod_views, self.caches.pods.list())
-        return hit[1]
-
-    def _node_view(self, obj: JsonDict) -> NodeView:
-        meta = obj.get("metadata", {})
-        uid, rv = meta.get("uid", ""), meta.get("resourceVersion", "")
-        hit = self._node_views.get(uid)
-        if hit is None or hit[0] != rv:
-            hit = (rv, NodeView.from_node(obj))
-            self._node_views[uid] = hit
-            if len(self._node_views) > 2 * len(self.caches.nodes) + 100:
-                self._prune(self._node_views, self.caches.nodes.list())
-        return hit[1]
-
-    @staticmethod
-    def _prune(views: dict[str, Any], live: list[JsonDict]) -> None:
-        """Forgets the views of objects gone from the cache."""
-        keep = {o.get("metadata", {}).get("uid", "") for o in live}
-        for uid in [u for u in views if u not in keep]:
-            del views[uid]
 
     # -- the pass --------------------------------------------------------------------------
     async def reconcile(self, key: str) -> Outcome:

@@ -4,8 +4,6 @@ RBAC and admission policy of manifests/) restarts the gang in place."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,7 +11,7 @@ import pytest
 from controller.kube import GANGJOBS, JsonDict, Kube
 from localcluster.cluster import Cluster
 from localcluster.node import AGENT_IMAGE
-from localcluster.tools import REPO, ControllerProcess, controller_kubeconfig, install_crd, kubectl
+from localcluster.tools import ControllerProcess, kubectl
 from tests.integration.harness import gang_pods, watch_job
 
 pytestmark = pytest.mark.e2e
@@ -29,30 +27,6 @@ fi
 echo "training at epoch $(cat $GANGJOB_DIR/epoch)"
 while :; do sleep 1; done
 """
-
-
-@pytest.fixture(scope="module")
-def node_controller_kubeconfig(node_cluster: Cluster) -> Path:
-    install_crd(node_cluster)
-    kubectl(node_cluster, "apply", "-k", str(REPO / "manifests" / "policy"))
-    return controller_kubeconfig(node_cluster)
-
-
-@pytest.fixture
-async def controller(
-    node_controller_kubeconfig: Path, node_namespace: str, tmp_path: Path
-) -> AsyncIterator[ControllerProcess]:
-    ctl = ControllerProcess(
-        node_controller_kubeconfig,
-        [f"--namespace={node_namespace}", f"--agent-image={AGENT_IMAGE}"],
-        tmp_path / "controller.log",
-    )
-    ctl.start()
-    try:
-        yield ctl
-    finally:
-        ctl.stop()
-        print(ctl.logs()[-5000:])
 
 
 def gangjob(name: str, mode: str, crash_code: int = 1, **spec: Any) -> JsonDict:

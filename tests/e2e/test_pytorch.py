@@ -13,7 +13,6 @@ import json
 import re
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +22,8 @@ import yaml
 from controller.kube import GANGJOBS, JsonDict, Kube
 from localcluster.chaos import kill_trainer
 from localcluster.cluster import Cluster
-from localcluster.node import AGENT_IMAGE, ensure_trainer_image
-from localcluster.tools import REPO, ControllerProcess, controller_kubeconfig, install_crd, kubectl
+from localcluster.node import ensure_trainer_image
+from localcluster.tools import REPO, ControllerProcess, kubectl
 from tests.integration.harness import gang_pods, watch_job
 
 pytestmark = pytest.mark.e2e
@@ -39,30 +38,6 @@ LOG_LINE = re.compile(r"^(\d\d:\d\d:\d\d\.\d{3}) epoch=(\d+) rank=(\d+) (.*)$")
 @pytest.fixture(scope="module")
 def trainer_image(node_cluster: Cluster) -> str:
     return ensure_trainer_image(node_cluster, sys.stderr)
-
-
-@pytest.fixture(scope="module")
-def node_controller_kubeconfig(node_cluster: Cluster) -> Path:
-    install_crd(node_cluster)
-    kubectl(node_cluster, "apply", "-k", str(REPO / "manifests" / "policy"))
-    return controller_kubeconfig(node_cluster)
-
-
-@pytest.fixture
-async def controller(
-    node_controller_kubeconfig: Path, node_namespace: str, tmp_path: Path
-) -> AsyncIterator[ControllerProcess]:
-    ctl = ControllerProcess(
-        node_controller_kubeconfig,
-        [f"--namespace={node_namespace}", f"--agent-image={AGENT_IMAGE}"],
-        tmp_path / "controller.log",
-    )
-    ctl.start()
-    try:
-        yield ctl
-    finally:
-        ctl.stop()
-        print(ctl.logs()[-3000:])
 
 
 def sample_job(name: str, mode: str, checkpoints: Path, image: str) -> JsonDict:

@@ -1,0 +1,37 @@
+"""What the e2e tests share: the real controller against the `node` cluster, one per test,
+watching only the test's namespace, with the CRD, RBAC and admission policy of manifests/."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from localcluster.cluster import Cluster
+from localcluster.node import AGENT_IMAGE
+from localcluster.tools import REPO, ControllerProcess, controller_kubeconfig, install_crd, kubectl
+
+
+@pytest.fixture(scope="module")
+def node_controller_kubeconfig(node_cluster: Cluster) -> Path:
+    install_crd(node_cluster)
+    kubectl(node_cluster, "apply", "-k", str(REPO / "manifests" / "policy"))
+    return controller_kubeconfig(node_cluster)
+
+
+@pytest.fixture
+async def controller(
+    node_controller_kubeconfig: Path, node_namespace: str, tmp_path: Path
+) -> AsyncIterator[ControllerProcess]:
+    ctl = ControllerProcess(
+        node_controller_kubeconfig,
+        [f"--namespace={node_namespace}", f"--agent-image={AGENT_IMAGE}"],
+        tmp_path / "controller.log",
+    )
+    ctl.start()
+    try:
+        yield ctl
+    finally:
+        ctl.stop()
+        print(ctl.logs()[-5000:])
