@@ -129,7 +129,10 @@ async def test_ddp_resumes_from_its_checkpoint_after_a_trainer_is_killed(
     assert st["restarts"]["inPlace"] == 1
     last = st["lastRestart"]
     assert last["epoch"] == 1
-    assert last["trigger"]["worker"] == 1
+    # Rank 1 was killed; its DDP peer then fails too, on the broken gloo connection, often
+    # within the same second. Both are failures at epoch 0 and make one restart; when the
+    # controller sees both in one pass, the lowest rank names the trigger.
+    assert last["trigger"]["worker"] in (0, 1)
     assert last["recreated"] == []
     assert 0 < last["durationSeconds"] < 60
     # Training went on at epoch 1 from a checkpoint, not from step 0, to the last step.
