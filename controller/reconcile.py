@@ -1,9 +1,9 @@
 """One reconcile of one GangJob: observe (from the caches) -> plan (pure) -> act (through kube).
 
 All decisions are `controller.plan`'s; this module only gathers what plan needs and carries out
-what it returns, in a fixed order: the Service, pod deletions, pod creations, then **one**
-status write (conditional on the resourceVersion read, so a stale cache can never write an
-older epoch over a newer one), and only after that write succeeded, the Events.
+what it returns, in a fixed order: **one** status write (conditional on the resourceVersion
+read, so a stale cache can never write an older epoch over a newer one), then the Service, pod
+deletions and pod creations, and the Events.
 """
 
 from __future__ import annotations
@@ -211,6 +211,15 @@ class Reconciler:
     async def act(self, job: GangJob, obj: JsonDict, decided: Plan) -> Outcome:
         ns, name = job.metadata.namespace, job.metadata.name
         out = Outcome(requeue_after=decided.requeue_after)
+        # The status first: it is the pass's commit point. If the write conflicts (our cache is
+        # behind), nothing else happens and the key is planned again. The other way round, a
+        # job finishing would delete its pods, lose the race for its status, and the next pass
+        # would take those deletions for failures. Every action below is idempotent and planned
+        # again from the stored status if this pass dies half-way.
+        out.status_written, deferred = await self._write_status(job, obj, decided.status)
+        if deferred is not None:
+            after = decided.requeue_after
+            out.requeue_after = deferred if after is None else min(after, deferred)
         if decided.create_service is not None:
             with contextlib.suppress(AlreadyExists):
                 await self.kube.create(SERVICES, decided.create_service, ns)
@@ -224,10 +233,6 @@ class Reconciler:
                 *(self._create_pod(ns, pod) for pod in decided.create_pods)
             )
             out.created = sum(results)
-        out.status_written, deferred = await self._write_status(job, obj, decided.status)
-        if deferred is not None:
-            after = decided.requeue_after
-            out.requeue_after = deferred if after is None else min(after, deferred)
         out.epoch_bumped = out.status_written and decided.restart_started is not None
         finished = decided.restart_finished
         out.barrier_opened = bool(
@@ -294,6 +299,10 @@ class Reconciler:
                 raise
 
     async def _delete_pod(self, ns: str, d: PodDelete) -> bool:
+        log.info(
+            "deleting pod %s/%s (%s%s)", ns, d.name, d.reason or "no reason",
+            ", force" if d.grace_seconds == 0 else "",
+        )  # fmt: skip
         try:
             if d.mark_failed:
                 # A pod on a dead node never gets its status from the kubelet again: mark it
