@@ -5,6 +5,7 @@ least-privilege RBAC of manifests/rbac (so a missing verb shows), and the pinned
 
 from __future__ import annotations
 
+import random
 import signal
 import socket
 import subprocess
@@ -85,9 +86,18 @@ def token_kubeconfig(cluster: Cluster, token: str, path: Path, user: str) -> Pat
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free loopback port for a controller's metrics or health server, below the clusters'
+    ports (21000+) and outside the kernel's ephemeral range: a port the kernel handed out (bind
+    to 0) is free only until some outgoing connection takes it, before the child binds it."""
+    for _ in range(200):
+        port = random.randrange(20000, 21000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-20999")
 
 
 class ControllerProcess:
