@@ -51,7 +51,7 @@ async def install_crd(kube: Kube) -> None:
         await kube.create(CRDS, crd)
 
     def established(crd: JsonDict) -> bool:
-        conds = crd.get("status", {}).get("conditions", [])
+        conds = (crd.get("status") or {}).get("conditions") or []
         return any(c["type"] == "Established" and c["status"] == "True" for c in conds)
 
     await wait_for(kube, CRDS, name, None, established, timeout=60, what="Established")

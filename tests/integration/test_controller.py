@@ -245,6 +245,9 @@ async def test_two_controllers_with_leader_election_never_both_act(
     a.start()
     b.start()
     try:
+        # Both up (caches synced, metrics served) before the race: the one that reconciles
+        # must have won the Lease, not merely started first.
+        await asyncio.gather(asyncio.to_thread(a.wait_ready), asyncio.to_thread(b.wait_ready))
         await sim_kube.create(GANGJOBS, gangjob("le", 2), namespace)
         await watch_job(sim_kube, namespace, "le", ready_workers(2), what="Running")
         holder = (await sim_kube.get(LEASES, lease, SYSTEM_NS))["spec"]["holderIdentity"]
