@@ -305,7 +305,7 @@ def _node_ready(node: JsonDict) -> bool:
 
 
 async def lose_node(kube: Kube, node: str) -> None:
-    """What a dead node looks like (as tests/integration/test_restart.py injects it): KWOK no
+    """What a dead node looks like (tests/integration/test_restart.py injects it so too): KWOK no
     longer plays its kubelet, Ready Unknown, the unreachable taints."""
     await kube.patch(NODES, node, {"metadata": {"annotations": {"kwok.x-k8s.io/node": "lost"}}})
     got = await kube.get(NODES, node)

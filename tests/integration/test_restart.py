@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from agent.apiclient import HttpClient, ssl_context
+from benchmarks.restart_scale import lose_node
 from controller.kube import CORE_EVENTS, GANGJOBS, NODES, PODS, JsonDict, Kube, NotFound
 from localcluster.cluster import Cluster, Options, kwok_node
 from localcluster.simkubelet import SimKubelet
@@ -351,23 +352,9 @@ async def _patch_pod_status(
 
 
 async def _lose_node(kube: Kube, node: str) -> None:
-    """What a dead node looks like: KWOK no longer manages it (no heartbeat, and pods deleted
-    there stay Terminating), Ready Unknown and the unreachable taint, as the node lifecycle
-    controller sets them."""
-    await kube.patch(NODES, node, {"metadata": {"annotations": {"kwok.x-k8s.io/node": "lost"}}})
-    got = await kube.get(NODES, node)
-    conds = got["status"]["conditions"]
-    for c in conds:
-        if c["type"] == "Ready":
-            c.update(
-                status="Unknown", reason="NodeStatusUnknown", message="Kubelet stopped posting"
-            )
-    await kube.patch_status(NODES, node, {"status": {"conditions": conds}})
-    taints = [
-        {"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"},
-        {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"},
-    ]
-    await kube.patch(NODES, node, {"spec": {"taints": taints}})
+    """The node dies, as the benchmark injects it (`lose_node`: KWOK stops playing its kubelet,
+    Ready Unknown, the unreachable taints); returns once the node shows it."""
+    await lose_node(kube, node)
     await wait_for(kube, NODES, node, None, lambda n: not _node_ready(n), 10, "not Ready")
 
 
