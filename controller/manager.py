@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from api.constants import ANNOTATION_EPOCH
 from controller import metrics
 from controller.health import HealthServer, make_app
-from controller.kube import GANGJOBS, LEASES, NODES, PODS, SERVICES, JsonDict, Kube
+from controller.kube import GANGJOBS, LEASES, NODES, PODS, SERVICES, Conflict, JsonDict, Kube
 from controller.leader import LeaderElectionConfig, LeaderElector
 from controller.plan import PlanConfig
 from controller.queue import WorkQueue
@@ -163,7 +163,7 @@ class Manager:
                         record.result = "requeue_after"
                         self.queue.add_after(key, outcome.requeue_after)
             except Exception as e:
-                level = logging.DEBUG if type(e).__name__ == "Conflict" else logging.ERROR
+                level = logging.DEBUG if isinstance(e, Conflict) else logging.ERROR
                 log.log(level, "reconcile %s failed: %s", key, e, exc_info=level >= logging.ERROR)
             finally:
                 self.queue.done(key)
