@@ -16,6 +16,7 @@ then checked by running the image's own interpreter on them (a one-rank gloo all
 
 from __future__ import annotations
 
+import hashlib
 import os
 import py_compile
 import re
@@ -42,6 +43,9 @@ REQUIREMENTS = [
     "sympy==1.13.1",
     "mpmath==1.3.0",
     "fsspec==2024.10.0",
+    # Not a dependency of torch, but torch warns "Failed to initialize NumPy" at import
+    # without it, and every training program reaches for it (torch.from_numpy, data loading).
+    "numpy==2.1.3",
 ]
 SITE_IN_IMAGE = "opt/gangjob/site-packages"
 SAMPLE_IN_IMAGE = "opt/gangjob/ddp"
@@ -84,7 +88,10 @@ class PytorchBuildError(RuntimeError):
 
 
 def site_packages() -> Path:
-    return cache_root() / "pytorch" / f"torch-{TORCH_VERSION}-cpu" / "site-packages"
+    # Keyed by the requirement set, so that a changed list builds anew instead of reusing a
+    # cached tree that lacks a package.
+    key = hashlib.sha256("\n".join(REQUIREMENTS).encode()).hexdigest()[:8]
+    return cache_root() / "pytorch" / f"torch-{TORCH_VERSION}-cpu-{key}" / "site-packages"
 
 
 def _run(cmd: list[str], **kw: object) -> str:
@@ -234,8 +241,9 @@ def _compile_stub(
 
 
 CHECK = """
-import os, torch, torch.distributed as dist
+import os, numpy, torch, torch.distributed as dist
 assert not torch.cuda.is_available()
+assert torch.from_numpy(numpy.ones(3)).sum().item() == 3
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % int(os.environ["PORT"]),
                         rank=0, world_size=1)
 t = torch.ones(3)
@@ -246,7 +254,8 @@ print("ok", torch.__version__, t.sum().item())
 
 
 def check(site: Path) -> None:
-    """Runs the image's own interpreter on ``site``: imports torch, one gloo all-reduce."""
+    """Runs the image's own interpreter on ``site``: imports torch and numpy, one gloo
+    all-reduce."""
     from localcluster.tools import free_port
 
     env = {"PYTHONPATH": str(site), "PORT": str(free_port()), "PATH": "/usr/bin:/bin"}
