@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import os
 import time
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from agent.apiclient import Api, ClientError
+from agent.apiclient import Api, ClientError, HttpClient
 from agent.arrival import AnnotationArrival, Arrival
 from agent.config import Config
 from agent.constants import (
@@ -28,8 +29,10 @@ from agent.constants import (
     ENV_EPOCH,
     EPOCH_FILE,
     RESTART_EXIT_CODE,
+    STATE_FILE,
     UNKNOWN_EXIT_CODE,
 )
+from agent.direct import DirectArrival, Streamer
 from agent.probe import ProbeServer
 from agent.protocol import Backoff, Barrier, JobState, arrived_epoch, barrier, target_epoch
 from agent.trainer import Trainer
@@ -93,6 +96,7 @@ class Agent:
         mode: Mode = Mode.POD,
         command: Sequence[str] = (),
         arrival: Arrival | None = None,
+        arrival_client: Streamer | None = None,
         env: Mapping[str, str] | None = None,
         logger: logging.Logger | None = None,
     ) -> None:
@@ -102,12 +106,29 @@ class Agent:
         self.mode = mode
         self.command = list(command)
         self._api = api
-        self._arrival = arrival or AnnotationArrival(api, config.pod_path)
         self._env = dict(os.environ if env is None else env)
         self.log = logging.LoggerAdapter(
             logger or logging.getLogger("agent"), {"pod": config.pod_name}
         )
         self._watcher = JobWatcher(api, config, self.log)
+        self._own_client: HttpClient | None = None
+        annotation = AnnotationArrival(api, config.pod_path)
+        if arrival is None and config.arrival_url is not None:
+            if arrival_client is None:
+                arrival_client = self._own_client = HttpClient(config.arrival_url)
+            arrival = DirectArrival(
+                arrival_client,
+                config,
+                annotation,
+                self._watcher.offer,
+                self._ensure_watching,
+                self.log,
+            )
+        self._arrival: Arrival = arrival or annotation
+        # Through the controller, a restarted agent needs no watch of its own: the report's
+        # answer streams the job's state. The watch starts when that channel fails, or when
+        # the agent has no saved state to start from (a new pod).
+        self._direct = isinstance(self._arrival, DirectArrival)
         self._state = AgentState(since=time.monotonic())
         self._changed = asyncio.Event()
         self._stop = asyncio.Event()
@@ -155,10 +176,16 @@ class Agent:
         after the grace) and returns its exit code."""
         self._stop.set()
 
+    def _ensure_watching(self) -> None:
+        """Starts the apiserver watch of the job, once."""
+        if self._watch_task is None:
+            self._watch_task = asyncio.create_task(self._watcher.run())
+
     async def run(self) -> int:
         """Runs the protocol; returns the exit code for the pod's process."""
-        self._watch_task = asyncio.create_task(self._watcher.run())
         self._stop_task = asyncio.create_task(self._stop.wait())
+        if not self._direct:
+            self._ensure_watching()
         try:
             if self.mode is Mode.POD and self.config.probe_port is not None:
                 self._probe = ProbeServer(
@@ -176,10 +203,14 @@ class Agent:
             code = await self._stopped()
         finally:
             self._probe_ready.set()
-            for task in (self._watch_task, self._stop_task):
+            tasks = [t for t in (self._watch_task, self._stop_task) if t is not None]
+            for task in tasks:
                 task.cancel()
             # Collected, so a watcher that died of a bug does not also warn at exit.
-            await asyncio.gather(self._watch_task, self._stop_task, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self._arrival.close()
+            if self._own_client is not None:
+                await self._own_client.close()
             if self._trainer is not None:  # an error unwound past a running trainer
                 await self._trainer.stop(self.config.kill_grace_seconds)
             if self._probe is not None:
@@ -205,6 +236,7 @@ class Agent:
         await self._arrive(target)
         state = await self._wait_barrier(target)
         if barrier(state, target) is Barrier.MOVED:
+            self._save_state(target, state.epoch)
             self.log.info(
                 "gang moved to epoch %d before the barrier of %d opened: exiting %d to restart",
                 state.epoch,
@@ -217,6 +249,7 @@ class Agent:
             self.log.info("job %s: idle until the kubelet stops the pod", state.phase)
             state = await self._wait_job(lambda s: s.epoch > target)
         self._set(barrier_open=False, step=Step.STOPPING)
+        self._save_state(target, state.epoch)
         self.log.info(
             "gang moved to epoch %d: exiting %d to restart the pod",
             state.epoch,
@@ -306,10 +339,17 @@ class Agent:
     # protocol steps
 
     async def _initial_target(self) -> int:
-        pod = await self._retry("reading own pod", lambda: self._api.get(self.config.pod_path))
-        arrived = arrived_epoch(pod)
-        state = await self._wait_job(lambda s: True)
-        target = target_epoch(arrived, state.epoch)
+        saved = self._load_state()
+        if saved is not None:
+            # Restarted in place: the state file says where this pod stands, and the report's
+            # answer will say where the gang is (a gang that moved on meanwhile is MOVED).
+            arrived, seen = saved
+        else:
+            pod = await self._retry("reading own pod", lambda: self._api.get(self.config.pod_path))
+            arrived = arrived_epoch(pod)
+            self._ensure_watching()
+            seen = (await self._wait_job(lambda s: True)).epoch
+        target = target_epoch(arrived, seen)
         if target is not None:
             return target
         assert arrived is not None
@@ -329,8 +369,40 @@ class Agent:
 
     async def _arrive(self, target: int) -> None:
         self._set(step=Step.ARRIVING, epoch=target, barrier_open=False)
+        # Saved before the report: a crash right after it must not make the restarted agent
+        # arrive at the same epoch a second time.
+        self._save_state(target, target)
         await self._retry(f"arriving at epoch {target}", lambda: self._arrival.arrive(target))
         self.log.info("arrived at epoch %d", target)
+
+    def _load_state(self) -> tuple[int | None, int] | None:
+        """(arrived, seen) from the state file, if it is this pod's (same UID)."""
+        if not self.config.pod_uid:
+            return None
+        try:
+            saved = json.loads((self.config.dir / STATE_FILE).read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(saved, dict) or saved.get("uid") != self.config.pod_uid:
+            return None
+        arrived, seen = saved.get("arrived"), saved.get("seen")
+        if not isinstance(seen, int) or not (arrived is None or isinstance(arrived, int)):
+            return None
+        return arrived, seen
+
+    def _save_state(self, arrived: int | None, seen: int) -> None:
+        if not self.config.pod_uid:
+            return
+        path = self.config.dir / STATE_FILE
+        tmp = path.with_name(f".{STATE_FILE}.tmp")
+        body = {"uid": self.config.pod_uid, "arrived": arrived, "seen": seen}
+        try:
+            self.config.dir.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(body))
+            os.replace(tmp, path)
+        except OSError as e:
+            # Not fatal: without it a restarted agent reads its pod and its job instead.
+            self.log.warning("cannot write %s: %s", path, e)
 
     async def _wait_barrier(self, target: int) -> JobState:
         """Waits at the barrier of `target`; once open, writes the epoch file and opens the probe.
@@ -373,14 +445,15 @@ class Agent:
         """Waits until one of `tasks` is done; raises `Stopped` on `stop()` and the watcher's
         error if it died (a bug: it retries every API failure itself)."""
         assert self._stop_task is not None
-        assert self._watch_task is not None
-        await asyncio.wait(
-            {*tasks, self._stop_task, self._watch_task}, return_when=asyncio.FIRST_COMPLETED
-        )
+        waits = {*tasks, self._stop_task}
+        if self._watch_task is not None:
+            waits.add(self._watch_task)
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         if any(t.done() for t in tasks):
             return
         if self._stop_task.done():
             raise Stopped
+        assert self._watch_task is not None
         self._watch_task.result()
         raise RuntimeError("job watcher ended")
 

@@ -337,27 +337,43 @@ class HttpClient:
         query = dict(params)
         query["watch"] = "true"
         target = f"{path}?{urlencode(query)}"
-        conn = await self._send("GET", target, None, None, self.request_timeout)
+        async for event in self.stream("GET", target, inactivity_timeout=inactivity_timeout):
+            yield event
+
+    async def stream(
+        self,
+        method: str,
+        target: str,
+        body: JsonDict | None = None,
+        *,
+        inactivity_timeout: float = 90.0,
+        token: str | None = None,
+    ) -> AsyncGenerator[JsonDict, None]:
+        """A request whose answer is a chunked stream of JSON objects, one per line (a watch, or
+        the controller's arrival stream); yields them as they come. `token` replaces the
+        client's own for this request."""
+        data = json.dumps(body).encode() if body is not None else None
+        conn = await self._send(method, target, data, None, self.request_timeout, token)
         reusable = False
         try:
             head = await self._head(conn, self.request_timeout)
             if head.status != 200:
-                body = await self._body(conn, head, inactivity_timeout)
+                raw = await self._body(conn, head, inactivity_timeout)
                 reusable = head.keep_alive
-                raise ApiError.from_status(head.status, body)
+                raise ApiError.from_status(head.status, raw)
             if not head.chunked:
-                raise TransportError("watch response is not chunked")
+                raise TransportError(f"{method} {target}: the answer is not a chunked stream")
             lines = LineSplitter()
             try:
-                async for data in iter_chunked(conn.reader, inactivity_timeout):
-                    for line in lines.feed(data):
+                async for chunk in iter_chunked(conn.reader, inactivity_timeout):
+                    for line in lines.feed(chunk):
                         yield parse_event(line)
             except TimeoutError:
-                raise TransportError(f"watch silent for {inactivity_timeout}s") from None
+                raise TransportError(f"stream silent for {inactivity_timeout}s") from None
             except (OSError, EOFError) as e:
-                raise TransportError(f"watch stream broke: {e!r}") from e
+                raise TransportError(f"stream broke: {e!r}") from e
             if lines.pending.strip():
-                raise TransportError("watch ended in the middle of an event")
+                raise TransportError("stream ended in the middle of an object")
             reusable = head.keep_alive
         finally:
             # Stopped early (the consumer closed the generator) leaves unread bytes: close.
@@ -411,6 +427,7 @@ class HttpClient:
         body: bytes | None,
         content_type: str | None,
         timeout: float | None,
+        token: str | None = None,
     ) -> _Conn:
         conn = await self._acquire(timeout)
         lines = [
@@ -419,7 +436,8 @@ class HttpClient:
             f"User-Agent: {self._user_agent}",
             "Accept: application/json",
         ]
-        token = self._token() if self._token else ""
+        if token is None:
+            token = self._token() if self._token else ""
         if token:
             lines.append(f"Authorization: Bearer {token}")
         if body is not None:
@@ -432,7 +450,7 @@ class HttpClient:
         except (OSError, TimeoutError) as e:
             conn.close()
             if conn.reused:  # stale kept-alive connection: a fresh one gets one chance
-                return await self._send(method, target, body, content_type, timeout)
+                return await self._send(method, target, body, content_type, timeout, token)
             raise TransportError(f"sending {method} {target}: {e!r}") from e
         return conn
 

@@ -17,6 +17,10 @@ class Arrival(Protocol):
         `ClientError` on failure (the caller retries)."""
         ...
 
+    async def close(self) -> None:
+        """The last report is no longer needed (the agent is ending)."""
+        ...
+
 
 class AnnotationArrival:
     """Arrival as a merge-patch of the agent's own pod: `gangjob.io/epoch: "<E>"` and
@@ -28,3 +32,6 @@ class AnnotationArrival:
 
     async def arrive(self, epoch: int, exit: tuple[int, int] | None = None) -> None:
         await self._api.merge_patch(self._pod_path, arrival_patch(epoch, exit))
+
+    async def close(self) -> None:
+        return None  # the annotation stays: it is the durable record

@@ -10,14 +10,18 @@ from pathlib import Path
 
 from agent.constants import (
     DEFAULT_AGENT_PORT,
+    DEFAULT_ARRIVAL_TOKEN,
     DEFAULT_DIR,
     DEFAULT_KILL_GRACE_SECONDS,
     ENV_AGENT_PORT,
+    ENV_ARRIVAL_TOKEN,
+    ENV_ARRIVAL_URL,
     ENV_DIR,
     ENV_GANGJOB_NAME,
     ENV_KILL_GRACE_SECONDS,
     ENV_POD_NAME,
     ENV_POD_NAMESPACE,
+    ENV_POD_UID,
     GROUP,
     PLURAL,
     VERSION,
@@ -47,6 +51,15 @@ class Config:
     """A watch silent this long is dead. Above the apiserver's ~60 s bookmark period."""
     backoff_initial: float = 0.2
     backoff_max: float = 10.0
+    pod_uid: str = ""
+    """The pod's UID (downward API): names the pod to the controller and keys the state file."""
+    arrival_url: str | None = None
+    """The controller's arrival endpoint; None: arrive by annotation and watch the apiserver."""
+    arrival_token_file: Path = Path(DEFAULT_ARRIVAL_TOKEN)
+    """The projected token (audience `gangjob.io/arrival`) shown to the controller."""
+    direct_fallback_seconds: float = 5.0
+    """How long the agent keeps trying the controller's endpoint before it arrives by
+    annotation instead (and watches the apiserver)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
@@ -74,6 +87,11 @@ class Config:
         port = number(ENV_AGENT_PORT, DEFAULT_AGENT_PORT)
         if port != int(port) or not 0 < port < 65536:
             raise ConfigError(f"{ENV_AGENT_PORT}={env.get(ENV_AGENT_PORT)!r}: not a port")
+        arrival_url = env.get(ENV_ARRIVAL_URL, "").strip() or None
+        if arrival_url is not None:
+            if not arrival_url.startswith(("http://", "https://")):
+                raise ConfigError(f"{ENV_ARRIVAL_URL}={arrival_url!r}: not an http(s) URL")
+            need(ENV_POD_UID)  # the controller is told which pod reports by its UID
         return cls(
             job_name=need(ENV_GANGJOB_NAME),
             pod_name=need(ENV_POD_NAME),
@@ -81,6 +99,11 @@ class Config:
             dir=Path(env.get(ENV_DIR, "").strip() or DEFAULT_DIR),
             probe_port=int(port),
             kill_grace_seconds=number(ENV_KILL_GRACE_SECONDS, DEFAULT_KILL_GRACE_SECONDS),
+            pod_uid=env.get(ENV_POD_UID, "").strip(),
+            arrival_url=arrival_url,
+            arrival_token_file=Path(
+                env.get(ENV_ARRIVAL_TOKEN, "").strip() or DEFAULT_ARRIVAL_TOKEN
+            ),
         )
 
     @property

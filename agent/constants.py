@@ -29,6 +29,10 @@ ENV_POD_NAMESPACE: Final = "POD_NAMESPACE"
 ENV_AGENT_PORT: Final = "GANGJOB_AGENT_PORT"
 ENV_DIR: Final = "GANGJOB_DIR"
 ENV_KILL_GRACE_SECONDS: Final = "GANGJOB_KILL_GRACE_SECONDS"
+ENV_POD_UID: Final = "POD_UID"
+ENV_ARRIVAL_URL: Final = "GANGJOB_ARRIVAL_URL"
+"""The controller's arrival endpoint (`http://host:port`); unset: arrive by annotation only."""
+ENV_ARRIVAL_TOKEN: Final = "GANGJOB_ARRIVAL_TOKEN_FILE"
 ENV_EPOCH: Final = "GANGJOB_EPOCH"
 """Set by the agent in the trainer's environment (`Process` mode): the epoch it runs at."""
 
@@ -41,6 +45,19 @@ EPOCH_FILE: Final = "epoch"
 BARRIER_PATH: Final = "/barrier"
 """Probe path: 200 once the barrier of the agent's epoch is open, else 503."""
 HEALTHZ_PATH: Final = "/healthz"
+
+STATE_FILE: Final = ".gangjob-agent.json"
+"""In `$GANGJOB_DIR` (kept across a KEP-5532 restart of the pod): the pod UID, the epoch the
+agent last arrived at and the newest `status.epoch` it saw, so that a restarted agent knows
+where it stands without reading its pod and its GangJob."""
+
+ARRIVALS_PATH: Final = "/v1/arrivals"
+"""The controller's arrival endpoint (DESIGN.md section 3, "Scale"): POST a report, read the
+GangJob's state as a stream of JSON lines while the report holds."""
+ARRIVAL_AUDIENCE: Final = "gangjob.io/arrival"
+"""Audience of the projected service-account token the agent shows the controller: the
+apiserver rejects it for anything else, so a leaked one opens nothing but this endpoint."""
+DEFAULT_ARRIVAL_TOKEN: Final = "/var/run/secrets/gangjob.io/arrival/token"
 
 SERVICE_ACCOUNT_DIR: Final = "/var/run/secrets/kubernetes.io/serviceaccount"
 

@@ -22,6 +22,22 @@ from agent.config import Config
 from agent.protocol import Backoff, JobState
 
 
+def newest(a: JobState, b: JobState) -> JobState:
+    """The later of two views of one job: `status.epoch` and `barrierEpoch` never go down, and
+    a finished job stays finished; the phase is that of the view with the higher epoch."""
+    barrier = max((x for x in (a.barrier_epoch, b.barrier_epoch) if x is not None), default=None)
+    if a.finished != b.finished:
+        phase = a.phase if a.finished else b.phase
+    else:
+        phase = a.phase if a.epoch > b.epoch else b.phase
+    return JobState(
+        epoch=max(a.epoch, b.epoch),
+        barrier_epoch=barrier,
+        phase=phase,
+        resource_version=b.resource_version or a.resource_version,
+    )
+
+
 class JobWatcher:
     """The latest `JobState` of one GangJob, and waits on it. Run `run()` as a task."""
 
@@ -46,8 +62,17 @@ class JobWatcher:
             changed = self._changed
             await changed.wait()
 
+    def offer(self, state: JobState) -> None:
+        """A state of the job learned elsewhere (the controller's arrival stream)."""
+        self._publish(state)
+
     def _publish(self, state: JobState) -> None:
-        previous, self.state = self.state, state
+        previous = self.state
+        if previous is not None:
+            # Two sources (this watch and the controller's stream) may each lag the other:
+            # epochs only go up, so the newest of both is the truth.
+            state = newest(previous, state)
+        self.state = state
         if previous is None or (state.epoch, state.barrier_epoch, state.phase) != (
             previous.epoch,
             previous.barrier_epoch,

@@ -45,6 +45,7 @@ __all__ = [
     "NODES",
     "PODS",
     "SERVICES",
+    "TOKENREVIEWS",
     "AlreadyExists",
     "ApiError",
     "Conflict",
@@ -121,6 +122,7 @@ GANGJOBS = ResourceKind("gangjob.io", "v1alpha1", "gangjobs", "GangJob")
 CRDS = ResourceKind(
     "apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False
 )
+TOKENREVIEWS = ResourceKind("authentication.k8s.io", "v1", "tokenreviews", "TokenReview", False)
 
 
 # -- errors -------------------------------------------------------------------------------------

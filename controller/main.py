@@ -55,6 +55,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--leader-election-id", default="gangjob-controller", help="name of the Lease")
     p.add_argument("--metrics-bind-address", type=address, default=("0.0.0.0", 8080))
     p.add_argument("--health-probe-bind-address", type=address, default=("0.0.0.0", 8081))
+    p.add_argument(
+        "--arrival-bind-address",
+        type=address,
+        default=None,
+        help="serve the agents' arrival endpoint here (host:port, :port; default off)",
+    )
+    p.add_argument(
+        "--arrival-url",
+        default="",
+        help="the endpoint as pods reach it, e.g. http://gangjob-arrivals.gangjob-system.svc:8082 "
+        "(given to every agent; default: agents arrive by pod annotation)",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--log-format", default="json", choices=["json", "text"])
     p.add_argument("--workers", type=int, default=4, help="concurrent reconciles")
@@ -98,6 +110,8 @@ async def run(args: argparse.Namespace) -> int:
         workers=args.workers,
         agent_image=args.agent_image,
         identity=default_identity(),
+        arrival_address=args.arrival_bind_address,
+        arrival_url=args.arrival_url or None,
     )
     kube = await Kube.connect(args.kubeconfig)
     manager = Manager(kube, settings)

@@ -19,9 +19,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from api.constants import ANNOTATION_EPOCH
-from controller import metrics
+from controller import arrivals, metrics
+from controller.arrivals import ArrivalBook, TokenAuthenticator
 from controller.health import HealthServer, make_app
-from controller.kube import GANGJOBS, LEASES, NODES, PODS, SERVICES, Conflict, JsonDict, Kube
+from controller.kube import (
+    GANGJOBS,
+    LEASES,
+    NODES,
+    PODS,
+    SERVICES,
+    TOKENREVIEWS,
+    Conflict,
+    JsonDict,
+    Kube,
+)
 from controller.leader import LeaderElectionConfig, LeaderElector
 from controller.plan import PlanConfig
 from controller.queue import WorkQueue
@@ -69,6 +80,10 @@ class Settings:
     workers: int = 4
     agent_image: str = "localhost/gangjob-agent:dev"
     identity: str = ""
+    arrival_address: tuple[str, int] | None = None
+    """Where to serve the agents' arrival endpoint (controller.arrivals); None: not at all."""
+    arrival_url: str | None = None
+    """The endpoint's URL as the pods reach it (a Service), given to every agent."""
 
     def __post_init__(self) -> None:
         if not self.identity:
@@ -94,12 +109,15 @@ class Manager:
         )
         self.nodes = Store(kube, NODES, handlers=[self._on_node])
         self.services = Store(kube, SERVICES, namespace=ns, label_selector=GANGJOB_LABEL)
+        self.arrivals = ArrivalBook()
         self.reconciler = Reconciler(
             kube,
             Caches(self.jobs, self.pods, self.nodes, self.services),
-            config=PlanConfig(agent_image=settings.agent_image),
+            config=PlanConfig(agent_image=settings.agent_image, arrival_url=settings.arrival_url),
             identity=settings.identity,
+            arrivals=self.arrivals,
         )
+        self.authenticator = TokenAuthenticator(lambda body: kube.create(TOKENREVIEWS, body))
         self.stores = [self.jobs, self.pods, self.nodes, self.services]
         self.is_leader = False
         self.elector: LeaderElector | None = None
@@ -113,12 +131,23 @@ class Manager:
 
     # -- event handlers: map a change to the GangJob keys it concerns ---------------------
     def _on_job(self, event: StoreEvent) -> None:
+        self.arrivals.job_changed(event.key)
         self._enqueue(event.key)
+
+    def _on_report(self, key: str) -> None:
+        # A direct arrival, like an annotation one: one of N, coalesced into one pass.
+        self._dirty_since.setdefault(key, time.monotonic())
+        self.queue.add_after(key, ARRIVAL_COALESCE)
 
     def _on_pod(self, event: StoreEvent) -> None:
         # A worker's arrival (its epoch annotation, nothing else) is one of N during a restart
         # and no failure: arrivals within ARRIVAL_COALESCE share one pass over the gang.
         # Everything else (the kubelet's status, deletions, exit reports) is looked at now.
+        if event.type == "DELETED":
+            meta = event.obj.get("metadata") or {}
+            self.arrivals.forget(
+                meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", "")
+            )
         arrival = event.old is not None and arrival_only(event.old, event.obj)
         for key in gangjob_index(event.obj):
             if arrival:
@@ -200,6 +229,19 @@ class Manager:
             server = HealthServer(make_app(app_ready, healthy=self.healthy), addr[0], addr[1])
             await server.start()
             servers.append(server)
+        if self.settings.arrival_address is not None:
+            host, port = self.settings.arrival_address
+            app = arrivals.make_app(
+                self.arrivals,
+                self.authenticator.authenticate,
+                self.jobs.get,
+                accepting=lambda: self.is_leader and self.synced(),
+                on_report=self._on_report,
+            )
+            server = HealthServer(app, host, port)
+            await server.start()
+            servers.append(server)
+            log.info("arrival endpoint on %s:%s", host, server.port)
         store_tasks = [asyncio.create_task(s.run()) for s in self.stores]
         lost = False
         try:

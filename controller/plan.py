@@ -89,6 +89,9 @@ class PlanConfig:
     """Settings of the controller that policy depends on."""
 
     agent_image: str = "localhost/gangjob-agent:dev"
+    arrival_url: str | None = None
+    """The controller's arrival endpoint as pods reach it (controller.arrivals); None: agents
+    arrive by annotation only."""
 
 
 @dataclass(frozen=True)
@@ -191,6 +194,30 @@ def _sort_pods(job: GangJob, pods: Sequence[PodView]) -> _Gang:
             strays.append(pod)
     live = {rank: pod for rank, pod in workers.items() if not pod.terminating}
     return _Gang(workers, strays, frozenset(pod.name for pod in pods), live)
+
+
+def arrived_by_barrier(pods: Sequence[PodView], status: GangJobStatus) -> list[PodView]:
+    """The pods, each known to have arrived at `status.epoch` if its barrier is open.
+
+    The barrier opened only when every worker present had arrived, so the status alone says
+    where they stand afterwards. Arrivals reported to the controller directly live in its
+    memory until then (controller.arrivals); a controller restarted later still knows every
+    worker is at the epoch, and judges their failures as failures of the gang."""
+    epoch, opened = status.epoch, status.barrier_opened_at
+    if status.barrier_epoch != epoch or opened is None:
+        return list(pods)
+    # Only pods older than the barrier: one created since (a deleted worker replaced while its
+    # restart waits out the backoff) has yet to arrive. Whole seconds on both sides, and a pod
+    # of the barrier's own second is left to its own report.
+    cutoff = opened.replace(microsecond=0)
+    return [
+        dataclasses.replace(pod, arrived_epoch=epoch)
+        if (pod.arrived_epoch is None or pod.arrived_epoch < epoch)
+        and pod.creation_timestamp is not None
+        and pod.creation_timestamp < cutoff
+        else pod
+        for pod in pods
+    ]
 
 
 def worker_epoch(pod: PodView) -> int | None:
@@ -784,7 +811,7 @@ def _create(p: _Pass) -> bool:
         if podspec.pod_name(name, rank) in taken:
             continue
         try:
-            pod = podspec.build_pod(job, rank, p.config.agent_image)
+            pod = podspec.build_pod(job, rank, p.config.agent_image, p.config.arrival_url)
         except ValueError as e:
             return _invalid_template(p, e)
         p.create_pods[rank] = finish_pod(pod, p.effective_mode, p.avoid_nodes)
@@ -896,7 +923,7 @@ def plan(observed: Observed, config: PlanConfig = PlanConfig()) -> Plan:
     p = _Pass(
         observed=observed,
         config=config,
-        gang=_sort_pods(observed.job, observed.pods),
+        gang=_sort_pods(observed.job, arrived_by_barrier(observed.pods, status)),
         phase=status.phase,
         conditions=list(status.conditions),
         start_time=status.start_time,

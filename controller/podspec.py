@@ -129,7 +129,9 @@ def _merge_env(user_env: Iterable[Any], ours: list[dict[str, Any]]) -> list[dict
     return [*ours, *kept]
 
 
-def build_pod(job: GangJob, rank: int, agent_image: str) -> dict[str, Any]:
+def build_pod(
+    job: GangJob, rank: int, agent_image: str, arrival_url: str | None = None
+) -> dict[str, Any]:
     """The worker pod `<job>-<rank>` built from `spec.template`.
 
     The template's labels and annotations are kept; the controller's labels win over same-named
@@ -177,7 +179,7 @@ def build_pod(job: GangJob, rank: int, agent_image: str) -> dict[str, Any]:
         "spec": spec,
     }
     mode = job.status.mode or job.spec.restart.mode
-    return apply_restart_mode(pod, job, mode, agent_image)
+    return apply_restart_mode(pod, job, mode, agent_image, arrival_url)
 
 
 # --- the agent's contract ---------------------------------------------------------------------
@@ -190,6 +192,12 @@ ENV_POD_NAME: Final = "POD_NAME"
 ENV_POD_NAMESPACE: Final = "POD_NAMESPACE"
 ENV_AGENT_PORT: Final = "GANGJOB_AGENT_PORT"
 ENV_DIR: Final = "GANGJOB_DIR"
+ENV_POD_UID: Final = "POD_UID"
+ENV_ARRIVAL_URL: Final = "GANGJOB_ARRIVAL_URL"
+ENV_ARRIVAL_TOKEN: Final = "GANGJOB_ARRIVAL_TOKEN_FILE"
+ARRIVALS_PATH: Final = "/v1/arrivals"
+ARRIVAL_AUDIENCE: Final = "gangjob.io/arrival"
+DEFAULT_ARRIVAL_TOKEN: Final = "/var/run/secrets/gangjob.io/arrival/token"
 DEFAULT_AGENT_PORT: Final = 9445
 DEFAULT_DIR: Final = "/gangjob"
 BARRIER_PATH: Final = "/barrier"
@@ -204,6 +212,10 @@ AGENT_VOLUME: Final = "gangjob"
 """The emptyDir mounted at `DEFAULT_DIR`: the agent writes the `epoch` file there (and, in
 `Process` mode, the zipapp is copied there)."""
 AGENT_TOKEN_VOLUME: Final = "gangjob-token"
+ARRIVAL_TOKEN_VOLUME: Final = "gangjob-arrival-token"
+"""A token bound to the pod for the audience `gangjob.io/arrival`: the agent shows it to the
+controller's arrival endpoint (controller.arrivals), and it opens nothing else."""
+ARRIVAL_TOKEN_SECONDS: Final = 3600
 AGENT_IMAGE_ZIPAPP: Final = "/opt/gangjob/agent.pyz"
 """Where the agent image holds the zipapp; its entrypoint is `python3` on it."""
 WRAPPED_ZIPAPP: Final = f"{DEFAULT_DIR}/agent.pyz"
@@ -278,7 +290,11 @@ def trainer_restart_rule(job: GangJob) -> dict[str, Any] | None:
 
 
 def apply_restart_mode(
-    pod: dict[str, Any], job: GangJob, mode: RestartMode, agent_image: str
+    pod: dict[str, Any],
+    job: GangJob,
+    mode: RestartMode,
+    agent_image: str,
+    arrival_url: str | None = None,
 ) -> dict[str, Any]:
     """Shape the worker pod `build_pod` made for the restart mode in effect; returns `pod`,
     changed in place. The template's own volumes, containers and init containers are kept;
@@ -296,7 +312,8 @@ def apply_restart_mode(
 
     Every mode: the trainer gets `restartPolicy: Never` (container level, which overrides the
     pod's) and `GANGJOB_DIR`; the pod runs as `WORKER_SERVICE_ACCOUNT` unless the template names
-    a ServiceAccount. Raises `PodSpecError` when the template cannot be shaped so.
+    a ServiceAccount. With `arrival_url` (the controller's arrival endpoint) the agent gets it,
+    and a token for it. Raises `PodSpecError` when the template cannot be shaped so.
     """
     spec: dict[str, Any] = pod["spec"]
     index, trainer = _trainer(spec, job.spec.trainer_container_name)
@@ -313,6 +330,20 @@ def apply_restart_mode(
         spec["volumes"].append(_token_volume())
         token_mounts = [
             {"name": AGENT_TOKEN_VOLUME, "mountPath": SERVICE_ACCOUNT_DIR, "readOnly": True}
+        ]
+    agent_env = _agent_env(job)
+    if arrival_url:
+        spec["volumes"].append(_arrival_token_volume())
+        token_mounts.append(
+            {
+                "name": ARRIVAL_TOKEN_VOLUME,
+                "mountPath": DEFAULT_ARRIVAL_TOKEN.rsplit("/", 1)[0],
+                "readOnly": True,
+            }
+        )
+        agent_env += [
+            {"name": ENV_ARRIVAL_URL, "value": arrival_url},
+            {"name": ENV_ARRIVAL_TOKEN, "value": DEFAULT_ARRIVAL_TOKEN},
         ]
 
     trainer["restartPolicy"] = "Never"
@@ -334,7 +365,7 @@ def apply_restart_mode(
         ]
         # The agent runs in the trainer's container here: it needs all of its environment,
         # and writes the `epoch` file itself.
-        trainer["env"] = _merge_env(trainer.get("env") or [], _agent_env(job))
+        trainer["env"] = _merge_env(trainer.get("env") or [], agent_env)
         _add_mounts(trainer, [_dir_mount(read_only=False), *token_mounts])
         install = _agent_container(AGENT_INSTALL_CONTAINER, agent_image, spec, qos_guaranteed)
         install["command"] = ["cp", AGENT_IMAGE_ZIPAPP, WRAPPED_ZIPAPP]
@@ -346,7 +377,7 @@ def apply_restart_mode(
     agent = _agent_container(AGENT_CONTAINER, agent_image, spec, qos_guaranteed)
     agent["args"] = ["sidecar"]
     agent["restartPolicy"] = "Always"
-    agent["env"] = _agent_env(job)
+    agent["env"] = agent_env
     agent["ports"] = [{"name": AGENT_PORT_NAME, "containerPort": DEFAULT_AGENT_PORT}]
     agent["startupProbe"] = {
         "httpGet": {"path": BARRIER_PATH, "port": DEFAULT_AGENT_PORT},
@@ -387,7 +418,7 @@ def _check_reserved(spec: Mapping[str, Any], trainer: Mapping[str, Any], field: 
                     "injects",
                 )
     for index, volume in enumerate(spec.get("volumes") or []):
-        if volume.get("name") in (AGENT_VOLUME, AGENT_TOKEN_VOLUME):
+        if volume.get("name") in (AGENT_VOLUME, AGENT_TOKEN_VOLUME, ARRIVAL_TOKEN_VOLUME):
             raise TemplateConflict(
                 f"spec.template.spec.volumes[{index}].name",
                 f"{volume.get('name')!r} is the name of a volume the controller injects",
@@ -455,9 +486,27 @@ def _agent_env(job: GangJob) -> list[dict[str, Any]]:
             "name": ENV_POD_NAMESPACE,
             "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
         },
+        {"name": ENV_POD_UID, "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
         {"name": ENV_AGENT_PORT, "value": str(DEFAULT_AGENT_PORT)},
         {"name": ENV_DIR, "value": DEFAULT_DIR},
     ]
+
+
+def _arrival_token_volume() -> dict[str, Any]:
+    return {
+        "name": ARRIVAL_TOKEN_VOLUME,
+        "projected": {
+            "sources": [
+                {
+                    "serviceAccountToken": {
+                        "path": "token",
+                        "audience": ARRIVAL_AUDIENCE,
+                        "expirationSeconds": ARRIVAL_TOKEN_SECONDS,
+                    }
+                }
+            ]
+        },
+    }
 
 
 def _dir_mount(*, read_only: bool) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from opentelemetry.trace import Tracer
 from api.constants import API_VERSION, KIND
 from api.v1alpha1 import GangJob, GangJobStatus, dump_status, parse_gangjob
 from controller import metrics, tracing
+from controller.arrivals import ArrivalBook
 from controller.kube import (
     CORE_EVENTS,
     GANGJOBS,
@@ -160,6 +161,7 @@ class Reconciler:
         create_concurrency: int = 32,
         identity: str = "gangjob-controller",
         progress_interval: float = 1.0,
+        arrivals: ArrivalBook | None = None,
     ) -> None:
         self.kube = kube
         self.caches = caches
@@ -175,6 +177,8 @@ class Reconciler:
         self.progress_interval = progress_interval
         self._written_at: dict[str, float] = {}
         self._pod_views = Views(PodView.from_pod, caches.pods, slack=1000)
+        # Arrivals the agents reported to this controller directly, joined to the pods' views.
+        self.arrivals = arrivals or ArrivalBook()
         self._node_views = Views(NodeView.from_node, caches.nodes, slack=100)
 
     # -- observe ---------------------------------------------------------------------------
@@ -182,7 +186,8 @@ class Reconciler:
         job = parse_gangjob(obj)
         ns, name = job.metadata.namespace, job.metadata.name
         pods = [
-            self._pod_views.of(p) for p in self.caches.pods.by_index(BY_GANGJOB, f"{ns}/{name}")
+            self.arrivals.apply(self._pod_views.of(p))
+            for p in self.caches.pods.by_index(BY_GANGJOB, f"{ns}/{name}")
         ]
         nodes = {v.name: v for v in map(self._node_views.of, self.caches.nodes.list())}
         service = self.caches.services.get(f"{ns}/{name}") is not None

@@ -187,6 +187,12 @@ def test_agent_contract_mirrors_the_agent() -> None:
     assert podspec.BARRIER_PATH == agent.BARRIER_PATH
     assert podspec.SERVICE_ACCOUNT_DIR == agent.SERVICE_ACCOUNT_DIR
     assert ENV_GANGJOB_NAME == agent.ENV_GANGJOB_NAME
+    assert podspec.ENV_POD_UID == agent.ENV_POD_UID
+    assert podspec.ENV_ARRIVAL_URL == agent.ENV_ARRIVAL_URL
+    assert podspec.ENV_ARRIVAL_TOKEN == agent.ENV_ARRIVAL_TOKEN
+    assert podspec.ARRIVALS_PATH == agent.ARRIVALS_PATH
+    assert podspec.ARRIVAL_AUDIENCE == agent.ARRIVAL_AUDIENCE
+    assert podspec.DEFAULT_ARRIVAL_TOKEN == agent.DEFAULT_ARRIVAL_TOKEN
 
 
 # --- Pod mode ----------------------------------------------------------------------------------
@@ -207,6 +213,7 @@ AGENT_ENV = [
     {"name": "GANGJOB_NAME", "value": JOB_NAME},
     {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
     {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+    {"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
     {"name": "GANGJOB_AGENT_PORT", "value": "9445"},
     {"name": "GANGJOB_DIR", "value": "/gangjob"},
 ]
@@ -478,6 +485,7 @@ def test_process_mode_wraps_the_trainer_command() -> None:
         "GANGJOB_NAME",
         "POD_NAME",
         "POD_NAMESPACE",
+        "POD_UID",
         "GANGJOB_AGENT_PORT",
         "GANGJOB_DIR",
         "MASTER_ADDR",
@@ -486,7 +494,7 @@ def test_process_mode_wraps_the_trainer_command() -> None:
         "RANK",
         "LR",
     ]
-    assert trainer["env"][:5] == AGENT_ENV
+    assert trainer["env"][:6] == AGENT_ENV
     assert spec["initContainers"] == [
         {
             "name": "gangjob-agent-install",
@@ -723,3 +731,39 @@ def test_no_automounted_token_gives_the_agent_its_own(mode: RestartMode) -> None
 def test_automounted_token_is_not_duplicated() -> None:
     spec = spec_of(make_job())
     assert [v["name"] for v in spec["volumes"]] == ["gangjob"]
+
+
+@pytest.mark.parametrize("mode", [RestartMode.POD, RestartMode.PROCESS, RestartMode.RECREATE])
+def test_arrival_endpoint_gives_the_agent_its_url_and_an_audience_bound_token(
+    mode: RestartMode,
+) -> None:
+    """With the controller's arrival endpoint configured, the agent (sidecar, or the wrapped
+    trainer in Process mode) gets its URL and a projected token for that audience alone."""
+    job = make_job(restart={"mode": mode.value})
+    url = "http://gangjob-arrivals.gangjob-system.svc:8082"
+    spec = build_pod(job, 0, AGENT, url)["spec"]
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "gangjob-arrival-token"]
+    assert volume["projected"]["sources"] == [
+        {
+            "serviceAccountToken": {
+                "path": "token",
+                "audience": "gangjob.io/arrival",
+                "expirationSeconds": 3600,
+            }
+        }
+    ]
+    if mode is RestartMode.PROCESS:
+        agent = container(spec, "trainer")
+    else:
+        agent = container(spec, "gangjob-agent", "initContainers")
+    env = {e["name"]: e.get("value") for e in agent["env"]}
+    assert env["GANGJOB_ARRIVAL_URL"] == url
+    assert env["GANGJOB_ARRIVAL_TOKEN_FILE"] == "/var/run/secrets/gangjob.io/arrival/token"
+    assert {
+        "name": "gangjob-arrival-token",
+        "mountPath": "/var/run/secrets/gangjob.io/arrival",
+        "readOnly": True,
+    } in agent["volumeMounts"]
+    # Without it, nothing of the kind.
+    plain = build_pod(job, 0, AGENT)["spec"]
+    assert all(v["name"] != "gangjob-arrival-token" for v in plain["volumes"])

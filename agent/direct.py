@@ -1,0 +1,188 @@
+"""Arrival reported to the controller directly, the pod annotation kept as the durable fallback
+(DESIGN.md section 3, "Scale").
+
+One POST per arrival to the controller's `/v1/arrivals`: the controller records the report in
+memory and answers with a stream of the GangJob's state (`status.epoch`, `barrierEpoch`,
+`phase`), one JSON line per change, for as long as the report holds. A restarted agent thus
+needs no apiserver request at all: no annotation write, no read of its pod, no new watch. The
+apiserver sees O(1) writes per gang restart beyond the kubelet's own.
+
+The report lives in the controller's memory only, so the agent keeps it alive: when the stream
+breaks (controller restarted, leadership moved) the agent sends it again. If the controller
+cannot be reached for `Config.direct_fallback_seconds`, or refuses the agent's token, the
+agent writes the annotation instead, exactly as without this channel, and watches the apiserver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from agent.apiclient import ApiError, ClientError, JsonDict
+from agent.arrival import Arrival
+from agent.config import Config
+from agent.constants import ARRIVALS_PATH
+from agent.protocol import Backoff, JobState
+
+STREAM_INACTIVITY_SECONDS = 90.0
+"""The controller writes the state line again every 30 s; this long silent is a dead stream."""
+
+
+class Streamer(Protocol):
+    def stream(
+        self,
+        method: str,
+        target: str,
+        body: JsonDict | None = None,
+        *,
+        inactivity_timeout: float = 90.0,
+        token: str | None = None,
+    ) -> AsyncIterator[JsonDict]: ...
+
+
+class Refused(Exception):
+    """The controller will not take reports from this agent (its token or identity)."""
+
+
+def report_body(config: Config, epoch: int, exit: tuple[int, int] | None) -> JsonDict:
+    """The JSON the agent POSTs: who it is (pod name and UID), where it arrived, and in the same
+    report a trainer exit as (epoch, code)."""
+    return {
+        "namespace": config.namespace,
+        "job": config.job_name,
+        "pod": config.pod_name,
+        "uid": config.pod_uid,
+        "epoch": epoch,
+        "exit": list(exit) if exit is not None else None,
+    }
+
+
+class DirectArrival:
+    """`Arrival` through the controller. `arrive()` returns once the controller accepted the
+    report (or, failing that, once the annotation is written); the report is then held in the
+    background until the next `arrive()` or `close()`."""
+
+    def __init__(
+        self,
+        client: Streamer,
+        config: Config,
+        fallback: Arrival,
+        on_state: Callable[[JobState], None],
+        on_fallback: Callable[[], None],
+        log: logging.LoggerAdapter[logging.Logger],
+    ) -> None:
+        self._client = client
+        self._config = config
+        self._fallback = fallback
+        self._on_state = on_state
+        self._on_fallback = on_fallback
+        self._log = log
+        self._hold: asyncio.Task[None] | None = None
+        self.fell_back = False
+        """The last report went by annotation (the controller was out of reach or refused)."""
+
+    async def arrive(self, epoch: int, exit: tuple[int, int] | None = None) -> None:
+        await self.close()
+        accepted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._hold = asyncio.create_task(self._run(epoch, exit, accepted))
+        waiter = asyncio.ensure_future(accepted)
+        try:
+            await asyncio.wait({waiter, self._hold}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        if accepted.done():
+            return
+        self._hold.result()  # ended before accepting: raises what the fallback raised
+
+    async def close(self) -> None:
+        """Stops holding the report (the controller forgets it once the pod moves on)."""
+        hold, self._hold = self._hold, None
+        if hold is not None:
+            hold.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await hold
+
+    def _token(self) -> str:
+        try:
+            token = Path(self._config.arrival_token_file).read_text().strip()
+        except OSError as e:
+            raise Refused(f"no token for the controller ({e})") from None
+        if not token:
+            raise Refused(f"{self._config.arrival_token_file} is empty")
+        return token
+
+    async def _run(
+        self, epoch: int, exit: tuple[int, int] | None, accepted: asyncio.Future[None]
+    ) -> None:
+        body = report_body(self._config, epoch, exit)
+        backoff = Backoff(self._config.backoff_initial, min(2.0, self._config.backoff_max))
+        last: JobState | None = None
+        since = time.monotonic()
+        while True:
+            try:
+                stream = self._client.stream(
+                    "POST",
+                    ARRIVALS_PATH,
+                    body,
+                    token=self._token(),
+                    inactivity_timeout=STREAM_INACTIVITY_SECONDS,
+                )
+                async for event in stream:
+                    last = JobState.from_object(_object(event))
+                    if not accepted.done():
+                        accepted.set_result(None)
+                    self._on_state(last)
+                    backoff.reset()
+                    since = time.monotonic()
+                if last is not None and last.finished:
+                    return  # the controller ended it: the job is over
+                failure = "the controller ended the stream"
+            except Refused as e:
+                self._log.error("arrival report refused (%s): arriving by annotation", e)
+                return await self._fall_back(epoch, exit, accepted)
+            except ApiError as e:
+                if e.status in (401, 403):
+                    self._log.error("the controller refused the arrival report: %s", e)
+                    return await self._fall_back(epoch, exit, accepted)
+                failure = str(e)
+            except ClientError as e:
+                failure = str(e)
+            if time.monotonic() - since >= self._config.direct_fallback_seconds:
+                self._log.warning(
+                    "controller out of reach for %.0fs (%s): arriving by annotation",
+                    time.monotonic() - since,
+                    failure,
+                )
+                return await self._fall_back(epoch, exit, accepted)
+            delay = backoff.next()
+            self._log.info("arrival report at epoch %d: %s; again in %.1fs", epoch, failure, delay)
+            await asyncio.sleep(delay)
+
+    async def _fall_back(
+        self, epoch: int, exit: tuple[int, int] | None, accepted: asyncio.Future[None]
+    ) -> None:
+        self.fell_back = True
+        self._on_fallback()  # the apiserver watch first: the barrier may open any moment
+        backoff = Backoff(self._config.backoff_initial, self._config.backoff_max)
+        while True:
+            try:
+                await self._fallback.arrive(epoch, exit)
+                break
+            except ClientError as e:
+                if not accepted.done():
+                    raise  # the agent's own retry takes it from here
+                delay = backoff.next()
+                self._log.warning("arrival annotation failed (%s); again in %.1fs", e, delay)
+                await asyncio.sleep(delay)
+        if not accepted.done():
+            accepted.set_result(None)
+
+
+def _object(event: dict[str, Any]) -> dict[str, Any]:
+    obj = event.get("object")
+    return obj if isinstance(obj, dict) else {}
