@@ -331,6 +331,10 @@ class HttpClient:
     async def merge_patch(self, path: str, patch: JsonDict) -> JsonDict:
         return await self._json("PATCH", path, json.dumps(patch).encode(), MERGE_PATCH)
 
+    async def post(self, path: str, body: JsonDict) -> JsonDict:
+        """A create (not retried on a broken kept-alive connection: not idempotent)."""
+        return await self._json("POST", path, json.dumps(body).encode(), "application/json")
+
     async def watch(
         self, path: str, params: Mapping[str, str], *, inactivity_timeout: float = 90.0
     ) -> AsyncGenerator[JsonDict, None]:
@@ -412,8 +416,8 @@ class HttpClient:
                 return head.status, data
             except TransportError:
                 # A kept-alive connection the server closed while idle fails before any answer:
-                # try once more on a new one. Both verbs here are idempotent.
-                if conn.reused and attempt == 1:
+                # try once more on a new one (GET and PATCH of a merge patch are idempotent).
+                if conn.reused and attempt == 1 and method != "POST":
                     continue
                 raise
             finally:

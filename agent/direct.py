@@ -122,7 +122,7 @@ class DirectArrival:
         body = report_body(self._config, epoch, exit)
         backoff = Backoff(self._config.backoff_initial, min(2.0, self._config.backoff_max))
         last: JobState | None = None
-        since = time.monotonic()
+        failing_since: float | None = None  # the first failure since the last line read
         while True:
             try:
                 stream = self._client.stream(
@@ -138,7 +138,7 @@ class DirectArrival:
                         accepted.set_result(None)
                     self._on_state(last)
                     backoff.reset()
-                    since = time.monotonic()
+                    failing_since = None
                 if last is not None and last.finished:
                     return  # the controller ended it: the job is over
                 failure = "the controller ended the stream"
@@ -152,10 +152,12 @@ class DirectArrival:
                 failure = str(e)
             except ClientError as e:
                 failure = str(e)
-            if time.monotonic() - since >= self._config.direct_fallback_seconds:
+            now = time.monotonic()
+            failing_since = now if failing_since is None else failing_since
+            if now - failing_since >= self._config.direct_fallback_seconds:
                 self._log.warning(
                     "controller out of reach for %.0fs (%s): arriving by annotation",
-                    time.monotonic() - since,
+                    now - failing_since,
                     failure,
                 )
                 return await self._fall_back(epoch, exit, accepted)

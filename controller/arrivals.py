@@ -33,6 +33,7 @@ from typing import Any
 
 from aiohttp import web
 
+from controller import metrics
 from controller.podspec import ARRIVAL_AUDIENCE, ARRIVALS_PATH
 from controller.views import PodView
 
@@ -278,37 +279,48 @@ def make_app(
 
     async def arrivals(request: web.Request) -> web.StreamResponse:
         if not accepting():
-            return _error(503, "not leading (or caches not synced): report to the leader")
+            return _error(503, "unavailable", "not leading (or caches not synced)")
         auth = request.headers.get("Authorization", "")
         if not auth.startswith("Bearer ") or not auth[7:].strip():
-            return _error(401, "a bearer token is required")
+            return _error(401, "unauthorized", "a bearer token is required")
         try:
             posted = parse_report(await request.json())
         except (ValueError, BadReport) as e:
-            return _error(400, f"not a report: {e}")
+            return _error(400, "invalid", f"not a report: {e}")
         try:
             who = await authenticate(auth[7:].strip())
         except Unauthorized as e:
-            return _error(401, str(e))
+            return _error(401, "unauthorized", str(e))
         except Exception as e:  # the apiserver did not answer the review: try again later
             log.warning("TokenReview failed: %s", e)
-            return _error(503, "cannot check the token now")
+            return _error(503, "unavailable", "cannot check the token now")
         mine = Identity(posted.namespace, posted.pod, posted.report.uid)
         if who != mine:
-            return _error(
-                403, f"the token is bound to pod {who.namespace}/{who.pod}, not {mine.pod}"
-            )
+            message = f"the token is bound to pod {who.namespace}/{who.pod} (uid {who.uid})"
+            return _error(403, "forbidden", message)
         key = f"{posted.namespace}/{posted.job}"
         if job(key) is None:
-            return _error(404, f"gangjob {key} not found")
+            return _error(404, "unknown", f"gangjob {key} not found")
+        metrics.ARRIVAL_REPORTS.labels("accepted").inc()
         if book.record(posted.namespace, posted.pod, posted.report):
             on_report(key)
-        return await _stream(request, posted, key)
-
-    async def _stream(request: web.Request, posted: Posted, key: str) -> web.StreamResponse:
+        metrics.ARRIVAL_STREAMS.inc()
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         response.enable_chunked_encoding()
-        await response.prepare(request)
+        try:
+            await response.prepare(request)
+            await _stream(request, response, posted, key)
+            await response.write_eof()
+        except ConnectionResetError:
+            pass  # the agent hung up: it moved on, its pod restarted, or it is gone
+        finally:
+            metrics.ARRIVAL_STREAMS.dec()
+        return response
+
+    async def _stream(
+        request: web.Request, response: web.StreamResponse, posted: Posted, key: str
+    ) -> None:
+        """The job's state while the report holds; returns when it no longer does."""
         sent: bytes | None = None
         last_write = 0.0
         while True:
@@ -323,20 +335,19 @@ def make_app(
             if (obj.get("status") or {}).get("phase") in TERMINAL:
                 break
             if request.transport is None or request.transport.is_closing():
-                break  # the agent hung up (it moved on, or its pod restarted)
+                raise ConnectionResetError  # the agent hung up
             held = book.get(posted.namespace, posted.pod)
             if held is None or held.uid != posted.report.uid:
                 break  # the pod is gone, or replaced
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(waiter.wait(), heartbeat)
-        await response.write_eof()
-        return response
 
     app = web.Application()
     app.router.add_post(ARRIVALS_PATH, arrivals)
     return app
 
 
-def _error(status: int, message: str) -> web.Response:
+def _error(status: int, result: str, message: str) -> web.Response:
+    metrics.ARRIVAL_REPORTS.labels(result).inc()
     body = {"kind": "Status", "status": "Failure", "code": status, "message": message}
     return web.json_response(body, status=status)

@@ -141,6 +141,19 @@ RESTART_DURATION = Histogram(
     buckets=(0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600),
     registry=REGISTRY,
 )
+ARRIVAL_REPORTS = Counter(
+    "gangjob_arrival_reports_total",
+    "Arrival reports agents sent to the controller's endpoint, by result: accepted, "
+    "unauthorized (bad token), forbidden (token of another pod), invalid, unknown (no such "
+    "GangJob), unavailable (not the leader, or the token could not be checked)",
+    ["result"],
+    registry=REGISTRY,
+)
+ARRIVAL_STREAMS = Gauge(
+    "gangjob_arrival_streams",
+    "Open answers to arrival reports (each a worker waiting at, or running past, its barrier)",
+    registry=REGISTRY,
+)
 RESTART_STEP = Histogram(
     "gangjob_restart_controller_seconds",
     "The controller's own share of a restart: from the watch event that made the key dirty "

@@ -178,7 +178,7 @@ class Reconciler:
         self._written_at: dict[str, float] = {}
         self._pod_views = Views(PodView.from_pod, caches.pods, slack=1000)
         # Arrivals the agents reported to this controller directly, joined to the pods' views.
-        self.arrivals = arrivals or ArrivalBook()
+        self.arrivals = arrivals if arrivals is not None else ArrivalBook()
         self._node_views = Views(NodeView.from_node, caches.nodes, slack=100)
 
     # -- observe ---------------------------------------------------------------------------

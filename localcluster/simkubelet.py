@@ -10,7 +10,10 @@ This class adds what the real kubelet 1.36 does (LOCALCLUSTER.md, measured on a 
   `restart_delay` (about 2 s on the real node) the containers run again and a new agent starts;
 - a trainer exit code outside the rule leaves the trainer terminated with that code and the
   pod Failed;
-- `Process` mode runs the agent with a stand-in trainer process that exits when told to.
+- `Process` mode runs the agent with a stand-in trainer process that exits when told to;
+- with `arrival_url` (the controller's arrival endpoint), each pod gets a token bound to it for
+  the audience `gangjob.io/arrival` by a TokenRequest, as the kubelet mounts a projected token,
+  and its agent reports there.
 Many agents share one HTTP client, so a benchmark can run thousands in one process.
 """
 
@@ -30,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from agent.agent import Agent, AgentState, Mode
-from agent.apiclient import Api, ApiError, ClientError
+from agent.apiclient import ApiError, ClientError, HttpClient
 from agent.config import Config
-from agent.constants import RESTART_EXIT_CODE
+from agent.constants import ARRIVAL_AUDIENCE, RESTART_EXIT_CODE
 
 log = logging.getLogger(__name__)
 
@@ -101,15 +104,22 @@ class SimKubelet:
 
     def __init__(
         self,
-        api: Api,
+        api: HttpClient,
         namespace: str,
         *,
         restart_delay: float = 2.0,
         trainer_container: str = "trainer",
         kill_grace_seconds: float = 1.0,
         kubelet_concurrency: int = 64,
+        arrival_url: str | None = None,
     ) -> None:
         self.api = api
+        self.arrival_url = arrival_url
+        # One client to the controller for every agent: each report's stream holds a connection.
+        self.arrival_client = (
+            HttpClient(arrival_url, max_idle=64, request_timeout=30.0) if arrival_url else None
+        )
+        self._tokens: dict[str, Path] = {}  # pod UID -> its token file
         self.namespace = namespace
         self.restart_delay = restart_delay
         self.trainer = trainer_container
@@ -179,6 +189,7 @@ class SimKubelet:
     # -- agents --------------------------------------------------------------------------
     def _start_worker(self, pod: JsonDict) -> None:
         name = pod["metadata"]["name"]
+        uid = pod["metadata"]["uid"]
         job = pod["metadata"]["labels"]["gangjob.io/name"]
         wdir = self._root / name
         wdir.mkdir(parents=True, exist_ok=True)
@@ -191,14 +202,67 @@ class SimKubelet:
             dir=wdir,
             probe_port=None,
             kill_grace_seconds=self.kill_grace_seconds,
+            pod_uid=uid,
+            arrival_url=self.arrival_url,
+            arrival_token_file=wdir / f"arrival-token-{uid}",
         )
         cmd = SIM_TRAINER if w.mode is Mode.PROCESS else ()
-        w.agent = Agent(config, self.api, mode=w.mode, command=cmd, env={"PATH": "/usr/bin:/bin"})
-        w.task = asyncio.create_task(w.agent.run())
+        w.agent = Agent(
+            config,
+            self.api,
+            mode=w.mode,
+            command=cmd,
+            env={"PATH": "/usr/bin:/bin"},
+            arrival_client=self.arrival_client,
+        )
+        w.task = asyncio.create_task(self._run_agent(w.agent, pod))
         self._agent_tasks.add(w.task)
         w.task.add_done_callback(self._agent_tasks.discard)
         w.task.add_done_callback(functools.partial(self._agent_done, w))
         self._poke()
+
+    async def _run_agent(self, agent: Agent, pod: JsonDict) -> int:
+        if self.arrival_url is not None:
+            await self._ensure_token(pod, agent.config.arrival_token_file)
+        return await agent.run()
+
+    async def _ensure_token(self, pod: JsonDict, path: Path) -> None:
+        """What the kubelet does for a projected token: a TokenRequest bound to the pod, once
+        per pod (the real kubelet renews it at 80% of its life; benchmarks are shorter)."""
+        uid = pod["metadata"]["uid"]
+        if uid in self._tokens:
+            return
+        sa = pod.get("spec", {}).get("serviceAccountName") or "default"
+        body = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {
+                "audiences": [ARRIVAL_AUDIENCE],
+                "expirationSeconds": 3600,
+                "boundObjectRef": {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": pod["metadata"]["name"],
+                    "uid": uid,
+                },
+            },
+        }
+        path_sa = f"/api/v1/namespaces/{self.namespace}/serviceaccounts/{sa}/token"
+        delay = 0.1
+        async with self._kubelet_slots:
+            for _ in range(30):
+                try:
+                    answer = await self.api.post(path_sa, body)
+                    break
+                except ClientError as e:  # the SA may not exist yet; overload
+                    log.debug("token for %s not issued (%s); retrying", pod["metadata"]["name"], e)
+                await asyncio.sleep(delay)
+                delay = min(2.0, delay * 2)
+            else:
+                log.error("no token for %s: its agent will arrive by annotation", uid)
+                return
+        _write(path, answer.get("status", {}).get("token", ""))
+        self._tokens[uid] = path
 
     def _stop_worker(self, name: str) -> None:
         w = self.workers.pop(name, None)
@@ -372,7 +436,13 @@ class SimKubelet:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, *self._agent_tasks, return_exceptions=True)
+        if self.arrival_client is not None:
+            await self.arrival_client.close()
         shutil.rmtree(self._root, ignore_errors=True)
+
+
+def _write(path: Path, text: str) -> None:
+    path.write_text(text)  # a few hundred bytes to a local dir, as the kubelet's volume would
 
 
 async def _next_state(agent: Agent, seen: AgentState) -> None:

@@ -103,13 +103,21 @@ def free_port() -> int:
 class ControllerProcess:
     """`gangjob-controller` as a child process; `kill()` is a SIGKILL, as a crash would be."""
 
-    def __init__(self, kubeconfig: Path, args: Sequence[str], log: Path) -> None:
+    def __init__(
+        self, kubeconfig: Path, args: Sequence[str], log: Path, *, arrivals: bool = False
+    ) -> None:
         self.kubeconfig = kubeconfig
         self.args = list(args)
         self.log = log
         self.metrics_port = free_port()
         self.health_port = free_port()
+        # The agents' arrival endpoint (controller.arrivals), for agents run on this host.
+        self.arrival_port = free_port() if arrivals else None
         self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def arrival_url(self) -> str | None:
+        return f"http://127.0.0.1:{self.arrival_port}" if self.arrival_port else None
 
     def start(self) -> None:
         cmd = [
@@ -122,6 +130,11 @@ class ControllerProcess:
             "--log-level=debug",
             *self.args,
         ]
+        if self.arrival_port:
+            cmd += [
+                f"--arrival-bind-address=127.0.0.1:{self.arrival_port}",
+                f"--arrival-url={self.arrival_url}",
+            ]
         with open(self.log, "ab") as fh:
             self.proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO)
 

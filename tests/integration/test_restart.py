@@ -109,10 +109,18 @@ def ctl_kubeconfig(sim_cluster: Cluster) -> Path:
     return controller_kubeconfig(sim_cluster)
 
 
-@pytest.fixture
+@pytest.fixture(params=["direct"])
 async def gang(
-    sim_cluster: Cluster, sim_kube: Kube, namespace: str, ctl_kubeconfig: Path, tmp_path: Path
+    request: pytest.FixtureRequest,
+    sim_cluster: Cluster,
+    sim_kube: Kube,
+    namespace: str,
+    ctl_kubeconfig: Path,
+    tmp_path: Path,
 ) -> AsyncIterator[Gang]:
+    """`direct`: agents report arrivals to the controller's endpoint (as the manifests deploy
+    it); `annotation`: the controller serves none, and agents write their pods."""
+    direct = request.param == "direct"
     await install_crd(sim_kube)
     # Nodes of this test only, so losing one touches no other test.
     names = [f"{namespace[:40]}-n{i}" for i in range(3)]
@@ -128,9 +136,11 @@ async def gang(
             sim_cluster.pki / "ca.crt", sim_cluster.pki / "admin.crt", sim_cluster.pki / "admin.key"
         ),
     )
-    sim = SimKubelet(api, namespace, restart_delay=RESTART_DELAY)
+    ctl = ControllerProcess(
+        ctl_kubeconfig, [f"--namespace={namespace}"], tmp_path / "ctl.log", arrivals=direct
+    )
+    sim = SimKubelet(api, namespace, restart_delay=RESTART_DELAY, arrival_url=ctl.arrival_url)
     sim_task = asyncio.create_task(sim.run())
-    ctl = ControllerProcess(ctl_kubeconfig, [f"--namespace={namespace}"], tmp_path / "ctl.log")
     ctl.start()
     try:
         yield Gang(sim_kube, namespace, names, sim, ctl)
@@ -156,6 +166,10 @@ def uids(pods: dict[str, JsonDict]) -> dict[str, str]:
     return {n: p["metadata"]["uid"] for n, p in pods.items()}
 
 
+BOTH_CHANNELS = pytest.mark.parametrize("gang", ["direct", "annotation"], indirect=True)
+
+
+@BOTH_CHANNELS
 async def test_one_worker_crashes_and_the_gang_restarts_in_place_once(gang: Gang) -> None:
     await gang.create("one", 4)
     await gang.running_at("one", 0, 4)
@@ -177,7 +191,13 @@ async def test_one_worker_crashes_and_the_gang_restarts_in_place_once(gang: Gang
     assert uids(await gang.pods("one")) == before
     await gang.agents_at(1, list(before))
     pods = await gang.pods("one")
-    assert {p["metadata"]["annotations"]["gangjob.io/epoch"] for p in pods.values()} == {"1"}
+    epochs = {p["metadata"].get("annotations", {}).get("gangjob.io/epoch") for p in pods.values()}
+    if gang.ctl.arrival_url:
+        # Reported to the controller: no agent wrote its pod.
+        assert epochs == {None}
+        assert gang.ctl.metric("gangjob_arrival_reports_total", {"result": "accepted"}) >= 8
+    else:
+        assert epochs == {"1"}
     # Reported: metrics, and Events on the GangJob (as `kubectl describe gj` shows them).
     ctl = gang.ctl
     assert (
@@ -304,6 +324,7 @@ async def test_unhealthy_device_recreates_the_worker_on_another_node(gang: Gang)
     assert job["status"]["lastRestart"]["trigger"]["class"] == "DeviceUnhealthy"
 
 
+@BOTH_CHANNELS
 @pytest.mark.parametrize("kill_at", ["before-detection", "after-bump", "mid-arrival"])
 async def test_controller_killed_during_a_restart_converges_without_a_second_bump(
     gang: Gang, kill_at: str
@@ -333,6 +354,11 @@ async def test_controller_killed_during_a_restart_converges_without_a_second_bum
     job = await gang.kube.get(GANGJOBS, "kill", gang.ns)
     assert job["status"]["epoch"] == 1
     assert job["status"]["restarts"]["total"] == 1
+    # The new controller knows every worker is at epoch 1, whichever way they told the old one:
+    # a crash now is a failure of the gang, restarted once more.
+    await gang.sim.crash("kill-3", 1)
+    job = await gang.running_at("kill", 2, 4)
+    assert job["status"]["restarts"]["total"] == 2
 
 
 # -- injecting what the node controller and the kubelet report ---------------------------
