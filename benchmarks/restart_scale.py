@@ -59,7 +59,7 @@ POLL = 0.05
 GOAL_RATIO_AT = 5000
 GOAL_RATIO = 15.0
 GOAL_SHARE = 1.0
-MODES = ("in-place", "node-lost", "recreate", "floor")
+MODES = ("in-place", "in-place-annotation", "node-lost", "recreate", "floor")
 
 log = logging.getLogger("bench")
 
@@ -441,7 +441,9 @@ async def measure_restart(
     return row
 
 
-async def in_place(w: World, tracker: JobTracker, rep: int, gang: str) -> dict[str, Any]:
+async def in_place(
+    w: World, tracker: JobTracker, rep: int, gang: str, mode: str = "in-place"
+) -> dict[str, Any]:
     epoch = int(tracker.status.get("epoch", 0))
     e1, n = epoch + 1, w.n
     # A worker on a big node, a different one each time.
@@ -460,7 +462,7 @@ async def in_place(w: World, tracker: JobTracker, rep: int, gang: str) -> dict[s
         "open": polled(lambda: agents_at(w.s, e1, opened=True) == n),
     }
     row = await measure_restart(
-        w, tracker, "in-place", rep, lambda: w.s.crash(victim, 1), checks,
+        w, tracker, mode, rep, lambda: w.s.crash(victim, 1), checks,
         ["visible", "epoch", "arrived", "barrier", "open"], w.timeout(0.1),
         lambda: f"epoch {tracker.status.get('epoch')}, {agents_at(w.s, e1, opened=False)}/{n} "
         f"arrived, {agents_at(w.s, e1, opened=True)}/{n} open",
@@ -625,7 +627,8 @@ async def run_size(w: World) -> dict[str, Any]:
     await w.kube.create(NAMESPACES, {"metadata": {"name": w.ns}})
     print(f"N={w.n}: namespace {w.ns}", file=sys.stderr)
     await make_nodes(w)
-    w.sim = SimKubelet(w.api, w.ns, restart_delay=w.settings.restart_delay)
+    direct = w.ctl.arrival_url
+    w.sim = SimKubelet(w.api, w.ns, restart_delay=w.settings.restart_delay, arrival_url=direct)
     sim_task = asyncio.create_task(w.sim.run())
     rows: list[dict[str, Any]] = []
     startup: dict[str, float] = {}
@@ -641,14 +644,22 @@ async def run_size(w: World) -> dict[str, Any]:
                       f"({reqs} controller API requests)", file=sys.stderr)  # fmt: skip
                 await steady(w, tracker, 0)
                 if mode == "Pod":
+                    # Agents report arrivals to the controller (as deployed)...
                     for rep in range(reps):
                         rows.append(await in_place(w, tracker, rep, gang))
                     for rep, node in enumerate(w.victims):
                         row = await node_lost(w, tracker, rep, node)
                         if row is not None:
                             rows.append(row)
+                    # ... then, side by side, by pod annotation and their own watches (the
+                    # agents restarted from here on get no endpoint). The floor needs those
+                    # watches: it times one GangJob write reaching every agent's watch.
+                    w.s.arrival_url = None
+                    for rep in range(reps):
+                        rows.append(await in_place(w, tracker, rep, gang, "in-place-annotation"))
                     for rep in range(reps):
                         rows.append(await floor(w, tracker, rep, gang))
+                    w.s.arrival_url = direct
                 else:
                     for rep in range(reps):
                         rows.append(await recreate(w, tracker, rep))
@@ -708,15 +719,21 @@ def summarize(w: World, rows: list[dict[str, Any]], startup: dict[str, float]) -
                 for m in ("GET", "LIST", "POST", "PATCH", "DELETE")
             },
         }
-    ratio = None
-    ip, rc = modes.get("in-place"), modes.get("recreate")
-    if ip and rc and ip["seconds"]["median"]:
-        ratio = round(rc["seconds"]["median"] / ip["seconds"]["median"], 2)
+    rc = modes.get("recreate")
+
+    def over(mode: str) -> float | None:
+        ip = modes.get(mode)
+        if ip and rc and ip["seconds"]["median"]:
+            return round(float(rc["seconds"]["median"]) / float(ip["seconds"]["median"]), 2)
+        return None
+
+    ratio, ratio_annotation = over("in-place"), over("in-place-annotation")
     return {
         "workers": w.n,
         "startup_s": startup,
         "modes": modes,
         "recreate_over_in_place": ratio,
+        "recreate_over_in_place_annotation": ratio_annotation,
         "controller_rss_max_mib": round(w.rss_max, 1),
         "runs": rows,
     }
@@ -766,7 +783,10 @@ def report(settings: Settings, meta: dict[str, Any], results: list[dict[str, Any
         f"Cluster: {meta['cluster']}. Kubelet restart delay (simulated KEP-5532 whole-pod "
         f"restart): {settings.restart_delay}s. {settings.reps} repetitions per mode. Times are "
         "from the failure visible in the API (the kubelet's status write) to the barrier open "
-        "(`status.barrierEpoch` seen in a watch); floor = N pod annotation patches "
+        "(`status.barrierEpoch` seen in a watch). in-place and node-lost: agents report "
+        "arrivals to the controller's endpoint and read the job's state from its answer (as "
+        "deployed); in-place-annotation: the same restart with arrival by pod annotation and "
+        "each agent's own watch of its GangJob. floor = N pod annotation patches "
         f"({FLOOR_CONCURRENCY} in flight) + one GangJob write seen by all N agent watches.",
         "",
     ]
@@ -776,7 +796,8 @@ def report(settings: Settings, meta: dict[str, Any], results: list[dict[str, Any
             "",
             f"Gang startup: {res['startup_s']} s; controller RSS max "
             f"{res['controller_rss_max_mib']} MiB; Recreate / in-place = "
-            f"**{res['recreate_over_in_place']}x**",
+            f"**{res['recreate_over_in_place']}x** (by annotation: "
+            f"{res.get('recreate_over_in_place_annotation')}x)",
             "",
             size_table(res),
             "",
@@ -830,7 +851,7 @@ async def run_on(cluster: Cluster, settings: Settings) -> dict[str, Any]:
     install_crd(cluster)
     ctl = ControllerProcess(
         controller_kubeconfig(cluster), ["--log-level=info"],
-        cluster.logs / "bench-restart-scale-controller.log",
+        cluster.logs / "bench-restart-scale-controller.log", arrivals=True,
     )  # fmt: skip
     ctl.start()
     results: list[dict[str, Any]] = []

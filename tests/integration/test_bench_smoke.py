@@ -38,6 +38,7 @@ async def test_restart_scale_runs_every_mode_and_writes_a_report(
     assert in_place["controller_share_s"]["barrier"] is not None
     assert in_place["api_requests"]["median"] > 0
     assert res["recreate_over_in_place"] > 0
+    assert res["recreate_over_in_place_annotation"] > 0
     assert res["controller_rss_max_mib"] > 0
     node_lost = [r for r in res["runs"] if r["mode"] == "node-lost"]
     assert node_lost[0]["trigger"] == "NodeLost"
