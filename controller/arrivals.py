@@ -58,6 +58,7 @@ POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
 POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
 SA_PREFIX = "system:serviceaccount:"
 TERMINAL = frozenset({"Succeeded", "Failed"})
+ALL_CONTAINERS_RESTARTING = "AllContainersRestarting"
 JsonDict = dict[str, Any]
 
 
@@ -139,6 +140,12 @@ def with_report(view: PodView, report: Report | None) -> PodView:
     epoch and the report's, and the exit report at the later epoch."""
     if report is None or report.uid != view.uid:
         return view
+    if view.conditions.get(ALL_CONTAINERS_RESTARTING, ("",))[0] == "True":
+        # The report came the fast way and can overtake the kubelet's status write in our pod
+        # cache: the condition may be the restart the agent has already come back from. Until
+        # the cache catches up, the pod counts where its own status puts it; a real failure
+        # after arriving is not lost, its agent reports it (`exit`) once restarted.
+        return view
     arrived = view.arrived_epoch
     if arrived is None or report.epoch > arrived:
         arrived = report.epoch
@@ -156,6 +163,13 @@ class ArrivalBook:
     def __init__(self) -> None:
         self._reports: dict[tuple[str, str], Report] = {}
         self._changed: dict[str, asyncio.Event] = {}
+        self.closing = False
+        """The server is stopping: streams end now (their agents report to the next leader)."""
+
+    def close(self) -> None:
+        self.closing = True
+        for key in list(self._changed):
+            self.job_changed(key)
 
     def __len__(self) -> int:
         return len(self._reports)
@@ -323,7 +337,7 @@ def make_app(
         """The job's state while the report holds; returns when it no longer does."""
         sent: bytes | None = None
         last_write = 0.0
-        while True:
+        while not book.closing:
             waiter = book.changed(key)
             obj = job(key)
             if obj is None:
@@ -342,8 +356,12 @@ def make_app(
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(waiter.wait(), heartbeat)
 
+    async def closing(_: web.Application) -> None:
+        book.close()
+
     app = web.Application()
     app.router.add_post(ARRIVALS_PATH, arrivals)
+    app.on_shutdown.append(closing)
     return app
 
 

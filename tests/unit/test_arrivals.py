@@ -1,0 +1,363 @@
+"""Direct arrival without a cluster: the report's rules (parsing, which report wins, how it
+joins a pod's view, the token review's answer), `plan`'s reading of an open barrier, and the
+real endpoint (`controller.arrivals.make_app`) served in-process to real agents whose
+apiserver is the in-memory `FakeApi`: they arrive, learn of the barrier from the answer, need
+no watch after a restart in place, and fall back to the annotation when the endpoint is gone
+or refuses them."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import pathlib
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from agent.agent import Agent, Step
+from agent.apiclient import ApiError, HttpClient
+from agent.constants import ANNOTATION_EPOCH, RESTART_EXIT_CODE
+from agent.protocol import JobState
+from agent.watch import newest
+from api.v1alpha1 import GangJobStatus
+from controller import arrivals
+from controller.arrivals import (
+    ArrivalBook,
+    BadReport,
+    Identity,
+    Report,
+    Unauthorized,
+    identity_of,
+    parse_report,
+    with_report,
+)
+from controller.plan import arrived_by_barrier
+from controller.views import PodView
+from localcluster.tools import free_port
+from tests.unit.test_agent import DEADLINE, JOB, NS, FakeApi, make_config, running, until
+
+# -- the rules ---------------------------------------------------------------------------------
+
+GOOD = {"namespace": NS, "job": JOB, "pod": "train-0", "uid": "u0", "epoch": 3, "exit": None}
+
+
+def test_parse_report() -> None:
+    posted = parse_report(GOOD)
+    assert (posted.namespace, posted.job, posted.pod) == (NS, JOB, "train-0")
+    assert posted.report == Report("u0", 3, None)
+    # -1: the pod restarted under the agent, code unknown (as the annotation's "<E>:-1").
+    assert parse_report({**GOOD, "exit": [3, -1]}).report.exit == (3, None)
+    assert parse_report({**GOOD, "exit": [2, 137]}).report.exit == (2, 137)
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ([], "body"),
+        ({**GOOD, "pod": ""}, "pod:"),
+        ({**GOOD, "uid": None}, "uid:"),
+        ({**GOOD, "epoch": -1}, "epoch:"),
+        ({**GOOD, "epoch": True}, "epoch:"),
+        ({**GOOD, "exit": [1]}, "exit:"),
+        ({**GOOD, "exit": [1, "x"]}, "exit[1]:"),
+        ({**GOOD, "exit": [-2, 1]}, "exit[0]:"),
+    ],
+)
+def test_a_bad_report_names_the_field(body: Any, field: str) -> None:
+    with pytest.raises(BadReport, match=field.replace("[", r"\[").replace("]", r"\]")):
+        parse_report(body)
+
+
+def test_the_later_report_of_a_pod_wins() -> None:
+    book = ArrivalBook()
+    assert book.record(NS, "p", Report("u", 2))
+    assert not book.record(NS, "p", Report("u", 1))  # a stale resend
+    assert book.record(NS, "p", Report("u", 2, (2, None)))  # failed at 2: the exit joins
+    assert not book.record(NS, "p", Report("u", 2))
+    assert book.get(NS, "p") == Report("u", 2, (2, None))
+    assert book.record(NS, "p", Report("new-uid", 0))  # a new pod of the name starts over
+    book.forget(NS, "p", "u")  # the old pod's deletion leaves the new one's report
+    assert book.get(NS, "p") == Report("new-uid", 0)
+    book.forget(NS, "p", "new-uid")
+    assert book.get(NS, "p") is None
+
+
+def view(**kw: Any) -> PodView:
+    base = PodView.from_pod(
+        {"metadata": {"name": "train-0", "namespace": NS, "uid": "u0"}, "status": {}}
+    )
+    return dataclasses.replace(base, **kw)
+
+
+def test_a_report_joins_the_pods_view() -> None:
+    v = view(arrived_epoch=1, reported_exit=None)
+    assert with_report(v, None) is v
+    assert with_report(v, Report("other-uid", 5)) is v  # another pod's, of the same name
+    assert with_report(v, Report("u0", 3)).arrived_epoch == 3
+    assert with_report(view(arrived_epoch=4), Report("u0", 3)).arrived_epoch == 4
+    joined = with_report(v, Report("u0", 3, (3, 1)))
+    assert (joined.arrived_epoch, joined.reported_exit) == (3, (3, 1))
+    older = with_report(view(reported_exit=(4, None)), Report("u0", 3, (3, 1)))
+    assert older.reported_exit == (4, None)
+    # The report overtook the kubelet's status write: the restart it came back from is still in
+    # the cache, and must not read as a failure at the epoch it arrived at.
+    restarting = view(arrived_epoch=1, conditions={"AllContainersRestarting": ("True", None)})
+    assert with_report(restarting, Report("u0", 3)) is restarting
+
+
+def review(**status: Any) -> dict[str, Any]:
+    return {"status": status}
+
+
+BOUND = review(
+    authenticated=True,
+    audiences=["gangjob.io/arrival"],
+    user={
+        "username": f"system:serviceaccount:{NS}:gangjob-worker",
+        "extra": {
+            "authentication.kubernetes.io/pod-name": ["train-0"],
+            "authentication.kubernetes.io/pod-uid": ["u0"],
+        },
+    },
+)
+
+
+def test_identity_of_a_token_review() -> None:
+    assert identity_of(BOUND, "gangjob.io/arrival") == Identity(NS, "train-0", "u0")
+    with pytest.raises(Unauthorized, match="expired"):
+        identity_of(review(authenticated=False, error="token expired"), "gangjob.io/arrival")
+    with pytest.raises(Unauthorized, match="audience"):
+        identity_of(BOUND, "something-else")
+    unbound = review(authenticated=True, user={"username": "system:serviceaccount:ns:x"})
+    with pytest.raises(Unauthorized, match="bound to a pod"):
+        identity_of(unbound, "gangjob.io/arrival")
+
+
+async def test_token_reviews_are_cached() -> None:
+    calls: list[dict[str, Any]] = []
+
+    async def post(body: dict[str, Any]) -> dict[str, Any]:
+        calls.append(body)
+        return BOUND
+
+    auth = arrivals.TokenAuthenticator(post)
+    for _ in range(3):
+        assert await auth.authenticate("t") == Identity(NS, "train-0", "u0")
+    assert len(calls) == 1
+    assert calls[0]["spec"] == {"token": "t", "audiences": ["gangjob.io/arrival"]}
+
+
+T0 = datetime(2026, 5, 1, 10, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("barrier", "created", "arrived", "want"),
+    [
+        (3, T0 - timedelta(seconds=5), None, 3),  # older than the open barrier: arrived
+        (3, T0 - timedelta(seconds=5), 1, 3),
+        (3, T0 + timedelta(seconds=2), None, None),  # created since (backoff): not yet
+        (3, T0, None, None),  # the barrier's own second: left to its own report
+        (2, T0 - timedelta(seconds=5), None, None),  # barrier of an older epoch
+    ],
+)
+def test_an_open_barrier_says_who_arrived(
+    barrier: int, created: datetime, arrived: int | None, want: int | None
+) -> None:
+    status = GangJobStatus(epoch=3, barrier_epoch=barrier, barrier_opened_at=T0)
+    (got,) = arrived_by_barrier([view(creation_timestamp=created, arrived_epoch=arrived)], status)
+    assert got.arrived_epoch == (want if want is not None else arrived)
+
+
+def test_newest_of_two_views_of_a_job() -> None:
+    a = JobState(epoch=3, barrier_epoch=2, phase="Restarting", resource_version="9")
+    b = JobState(epoch=2, barrier_epoch=2, phase="Running")
+    assert newest(a, b) == JobState(3, 2, "Restarting", "9")
+    assert newest(b, a) == JobState(3, 2, "Restarting", "9")
+    done = JobState(epoch=3, barrier_epoch=3, phase="Succeeded")
+    assert newest(done, a).phase == "Succeeded"
+    assert newest(a, done).phase == "Succeeded"
+
+
+# -- the endpoint, with real agents ------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Controller:
+    """The endpoint as the manager serves it, over a GangJob held in a dict."""
+
+    fake: FakeApi
+    book: ArrivalBook
+    url: str
+    reports: list[str]
+    refuse: bool = False
+    _reported: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+
+    def on_report(self, key: str) -> None:
+        self.reports.append(key)
+        reported, self._reported = self._reported, asyncio.Event()
+        reported.set()
+
+    async def reported(self, count: int) -> None:
+        async with asyncio.timeout(DEADLINE):
+            while len(self.reports) < count:
+                await self._reported.wait()
+
+    def set_status(self, **status: Any) -> None:
+        self.fake.set_status(**status)  # the apiserver's copy: the agents' watches
+        self.book.job_changed(f"{NS}/{JOB}")  # the cache's: the streams
+
+    def arrived(self, pod: str) -> int | None:
+        held = self.book.get(NS, pod)
+        return held.epoch if held else None
+
+
+@pytest.fixture
+async def controller() -> AsyncIterator[Controller]:
+    fake = FakeApi(epoch=0)
+    book = ArrivalBook()
+    port = free_port()
+    ctl = Controller(fake, book, f"http://127.0.0.1:{port}", [])
+
+    async def authenticate(token: str) -> Identity:
+        if ctl.refuse:
+            raise Unauthorized("token expired")
+        pod, uid = token.split("/")
+        return Identity(NS, pod, uid)
+
+    app = arrivals.make_app(
+        book,
+        authenticate,
+        lambda key: fake.job if key == f"{NS}/{JOB}" else None,
+        accepting=lambda: True,
+        on_report=ctl.on_report,
+    )
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield ctl
+    finally:
+        await runner.cleanup()
+
+
+def direct_agent(
+    ctl: Controller, tmp_path: pathlib.Path, client: HttpClient, pod: str = "train-0", **kw: Any
+) -> Agent:
+    uid = f"uid-{pod}"
+    config = make_config(
+        tmp_path,
+        pod,
+        pod_uid=uid,
+        arrival_url=ctl.url,
+        arrival_token_file=tmp_path / f"{pod}.token",
+        **kw,
+    )
+    config.arrival_token_file.write_text(f"{pod}/{uid}")
+    ctl.fake.add_pod(pod)
+    return Agent(config, ctl.fake, arrival_client=client)
+
+
+async def test_agents_arrive_at_the_controller_and_learn_the_barrier_from_its_answer(
+    controller: Controller, tmp_path: pathlib.Path
+) -> None:
+    ctl = controller
+    async with HttpClient(ctl.url) as client:
+        agents = [direct_agent(ctl, tmp_path, client, f"train-{r}") for r in range(3)]
+        tasks = [asyncio.create_task(a.run()) for a in agents]
+        for a in agents:
+            await until(a, lambda s: s.step == Step.AT_BARRIER and s.epoch == 0)
+        assert [ctl.arrived(f"train-{r}") for r in range(3)] == [0, 0, 0]
+        assert ctl.reports == [f"{NS}/{JOB}"] * 3  # each queued the job for a pass
+        assert ctl.fake.patches == []  # no pod written
+        ctl.set_status(barrierEpoch=0)
+        for a in agents:
+            await until(a, lambda s: s.barrier_open)
+        ctl.set_status(epoch=1)  # the gang moves on: Pod-mode agents exit to restart the pod
+        codes = await asyncio.wait_for(asyncio.gather(*tasks), DEADLINE)
+        assert codes == [RESTART_EXIT_CODE] * 3
+
+        # Restarted in place: the state file says where each stands; no read, no watch.
+        opened, gets = ctl.fake.watches_opened, ctl.fake.job_gets
+        again = [direct_agent(ctl, tmp_path, client, f"train-{r}") for r in range(3)]
+        async with running(again[0]), running(again[1]), running(again[2]):
+            for a in again:
+                await until(a, lambda s: s.step == Step.AT_BARRIER and s.epoch == 1)
+            assert [ctl.arrived(f"train-{r}") for r in range(3)] == [1, 1, 1]
+            ctl.set_status(barrierEpoch=1)
+            for a in again:
+                await until(a, lambda s: s.barrier_open and s.epoch == 1)
+            assert (ctl.fake.watches_opened, ctl.fake.job_gets) == (opened, gets)
+            assert ctl.fake.patches == []
+
+
+async def test_a_worker_that_failed_at_its_epoch_says_so_and_waits_for_the_next(
+    controller: Controller, tmp_path: pathlib.Path
+) -> None:
+    ctl = controller
+    async with HttpClient(ctl.url) as client:
+        first = direct_agent(ctl, tmp_path, client)
+        async with running(first):
+            await until(first, lambda s: s.step == Step.AT_BARRIER)
+            ctl.set_status(barrierEpoch=0)
+            await until(first, lambda s: s.barrier_open)
+        # Its pod restarted under it at epoch 0 (the trainer crashed): no second arrival at 0.
+        again = direct_agent(ctl, tmp_path, client)
+        async with running(again):
+            await until(again, lambda s: s.step == Step.WAITING_FOR_EPOCH)
+            await ctl.reported(2)
+            held = ctl.book.get(NS, "train-0")
+            assert held is not None
+            assert held.exit == (0, None)
+            ctl.set_status(epoch=1)
+            await until(again, lambda s: s.step == Step.AT_BARRIER and s.epoch == 1)
+            assert ctl.arrived("train-0") == 1
+
+
+async def test_without_the_controller_the_agent_arrives_by_annotation(
+    tmp_path: pathlib.Path,
+) -> None:
+    fake = FakeApi(epoch=0)
+    url = f"http://127.0.0.1:{free_port()}"  # nobody listens
+    ctl = Controller(fake, ArrivalBook(), url, [])
+    async with HttpClient(url, connect_timeout=1.0) as client:
+        a = direct_agent(ctl, tmp_path, client, direct_fallback_seconds=0.2)
+        async with running(a):
+            await until(a, lambda s: s.step == Step.AT_BARRIER)
+            assert fake.annotations("train-0") == {ANNOTATION_EPOCH: "0"}
+            fake.set_status(barrierEpoch=0)  # seen through its own watch, started for this
+            await until(a, lambda s: s.barrier_open)
+            assert fake.watches_opened >= 1
+
+
+async def test_a_refused_token_falls_back_at_once(
+    controller: Controller, tmp_path: pathlib.Path
+) -> None:
+    controller.refuse = True
+    async with HttpClient(controller.url) as client:
+        a = direct_agent(controller, tmp_path, client, direct_fallback_seconds=60)
+        async with running(a):
+            await until(a, lambda s: s.step == Step.AT_BARRIER)
+            assert controller.fake.annotations("train-0") == {ANNOTATION_EPOCH: "0"}
+            assert controller.book.get(NS, "train-0") is None
+
+
+async def test_the_endpoint_refuses_a_report_for_another_pod(controller: Controller) -> None:
+    async with HttpClient(controller.url) as client:
+        body = {**GOOD, "pod": "train-1", "uid": "u1"}
+        with pytest.raises(ApiError, match=r"403.*bound to pod ns/train-0"):
+            async for _ in client.stream("POST", "/v1/arrivals", body, token="train-0/u0"):
+                pass
+        with pytest.raises(ApiError, match=r"400.*epoch"):
+            async for _ in client.stream(
+                "POST", "/v1/arrivals", {**GOOD, "epoch": "x"}, token="train-0/u0"
+            ):
+                pass
+        with pytest.raises(ApiError, match=r"404.*not found"):
+            async for _ in client.stream(
+                "POST", "/v1/arrivals", {**GOOD, "job": "nope", "uid": "u0"}, token="train-0/u0"
+            ):
+                pass
+    assert controller.book.get(NS, "train-1") is None
