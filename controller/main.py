@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -89,6 +90,12 @@ def setup_logging(level: str, fmt: str) -> None:
     logging.getLogger("kubernetes_asyncio").setLevel(logging.WARNING)
 
 
+def _own_pod() -> tuple[str, str] | None:
+    """(namespace, name) from the downward API (manifests/manager sets both), else None."""
+    ns, name = os.environ.get("POD_NAMESPACE"), os.environ.get("POD_NAME")
+    return (ns, name) if ns and name else None
+
+
 def _in_cluster_namespace() -> str:
     path = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
     with contextlib.suppress(OSError), open(path) as fh:
@@ -112,6 +119,7 @@ async def run(args: argparse.Namespace) -> int:
         identity=default_identity(),
         arrival_address=args.arrival_bind_address,
         arrival_url=args.arrival_url or None,
+        own_pod=_own_pod(),
     )
     kube = await Kube.connect(args.kubeconfig)
     manager = Manager(kube, settings)

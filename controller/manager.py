@@ -53,6 +53,9 @@ CONTROLLER_NAME = "gangjob"
 ARRIVAL_COALESCE = 0.05
 """Seconds that pod events carrying only an arrival wait, so that a burst shares one pass."""
 _VOLATILE_META = ("resourceVersion", "managedFields", "annotations")
+LEADER_LABEL = "gangjob.io/arrivals"
+"""On the controller's own pod while it leads (value `leader`): the arrival Service selects
+it, so agents reach the one replica that reconciles (manifests/manager)."""
 
 
 def arrival_only(old: JsonDict, new: JsonDict) -> bool:
@@ -84,6 +87,9 @@ class Settings:
     """Where to serve the agents' arrival endpoint (controller.arrivals); None: not at all."""
     arrival_url: str | None = None
     """The endpoint's URL as the pods reach it (a Service), given to every agent."""
+    own_pod: tuple[str, str] | None = None
+    """(namespace, name) of the controller's own pod, in a cluster: it carries LEADER_LABEL
+    while this replica leads."""
 
     def __post_init__(self) -> None:
         if not self.identity:
@@ -205,8 +211,21 @@ class Manager:
                 metrics.RESTART_STEP.labels(step).observe(took)
                 log.info("gang %s: %s written %.3fs after the watch event", key, step, took)
 
+    async def _label_own_pod(self, leading: bool) -> None:
+        """Best effort: without the label the Service has no endpoint, and agents fall back to
+        the annotation, which is slower but correct."""
+        if self.settings.own_pod is None or self.settings.arrival_address is None:
+            return
+        ns, name = self.settings.own_pod
+        labels = {LEADER_LABEL: "leader" if leading else None}
+        try:
+            await self.kube.patch(PODS, name, {"metadata": {"labels": labels}}, ns)
+        except Exception as e:
+            log.warning("cannot label own pod %s/%s (%s): agents arrive by annotation", ns, name, e)
+
     async def _lead(self) -> None:
         self.is_leader = True
+        await self._label_own_pod(True)
         log.info("leading: starting %d reconcile workers", self.settings.workers)
         for s in self.stores:
             await s.wait_synced()
@@ -243,6 +262,8 @@ class Manager:
             servers.append(server)
             log.info("arrival endpoint on %s:%s", host, server.port)
         store_tasks = [asyncio.create_task(s.run()) for s in self.stores]
+        # A replica restarted in the same pod (it lost the Lease) must not keep drawing traffic.
+        await self._label_own_pod(False)
         lost = False
         try:
             if self.settings.leader_elect:

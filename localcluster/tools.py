@@ -104,20 +104,28 @@ class ControllerProcess:
     """`gangjob-controller` as a child process; `kill()` is a SIGKILL, as a crash would be."""
 
     def __init__(
-        self, kubeconfig: Path, args: Sequence[str], log: Path, *, arrivals: bool = False
+        self,
+        kubeconfig: Path,
+        args: Sequence[str],
+        log: Path,
+        *,
+        arrivals: bool = False,
+        arrival_host: str = "127.0.0.1",
     ) -> None:
         self.kubeconfig = kubeconfig
         self.args = list(args)
         self.log = log
         self.metrics_port = free_port()
         self.health_port = free_port()
-        # The agents' arrival endpoint (controller.arrivals), for agents run on this host.
+        # The agents' arrival endpoint (controller.arrivals): on loopback for agents run on this
+        # host, on the pod bridge's gateway for agents in the node profile's pods.
         self.arrival_port = free_port() if arrivals else None
+        self.arrival_host = arrival_host
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def arrival_url(self) -> str | None:
-        return f"http://127.0.0.1:{self.arrival_port}" if self.arrival_port else None
+        return f"http://{self.arrival_host}:{self.arrival_port}" if self.arrival_port else None
 
     def start(self) -> None:
         cmd = [
@@ -132,7 +140,7 @@ class ControllerProcess:
         ]
         if self.arrival_port:
             cmd += [
-                f"--arrival-bind-address=127.0.0.1:{self.arrival_port}",
+                f"--arrival-bind-address={self.arrival_host}:{self.arrival_port}",
                 f"--arrival-url={self.arrival_url}",
             ]
         with open(self.log, "ab") as fh:

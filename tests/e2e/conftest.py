@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from localcluster.cluster import Cluster
-from localcluster.node import AGENT_IMAGE
+from localcluster.node import AGENT_IMAGE, Bridge
 from localcluster.tools import REPO, ControllerProcess, controller_kubeconfig, install_crd, kubectl
 
 
@@ -22,12 +22,17 @@ def node_controller_kubeconfig(node_cluster: Cluster) -> Path:
 
 @pytest.fixture
 async def controller(
-    node_controller_kubeconfig: Path, node_namespace: str, tmp_path: Path
+    node_cluster: Cluster, node_controller_kubeconfig: Path, node_namespace: str, tmp_path: Path
 ) -> AsyncIterator[ControllerProcess]:
+    # Agents report arrivals to the controller, as deployed: the pods reach it on the bridge's
+    # gateway address (the controller runs on this host, not in a pod), with the token the
+    # kubelet projects for the audience gangjob.io/arrival.
     ctl = ControllerProcess(
         node_controller_kubeconfig,
         [f"--namespace={node_namespace}", f"--agent-image={AGENT_IMAGE}"],
         tmp_path / "controller.log",
+        arrivals=True,
+        arrival_host=Bridge.for_slot(node_cluster.ports.slot).gateway,
     )
     ctl.start()
     try:

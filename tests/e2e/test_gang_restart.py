@@ -120,6 +120,11 @@ async def test_a_trainer_that_exits_once_restarts_the_gang_in_place(
         log = kubectl(node_cluster, "-n", ns, "logs", name, "-c", "trainer")
         assert "training at epoch 1" in log, (name, log)
     assert {p["metadata"]["name"]: p["metadata"]["creationTimestamp"] for p in pods} == created
+    # Every arrival went to the controller directly, each agent showing the token the kubelet
+    # projected for it: no pod carries the annotation, and the endpoint took 2 x 3 reports.
+    assert all("gangjob.io/epoch" not in p["metadata"].get("annotations", {}) for p in pods)
+    assert controller.metric("gangjob_arrival_reports_total", {"result": "accepted"}) >= 6
+    assert controller.metric("gangjob_arrival_reports_total", {"result": "unauthorized"}) == 0
 
 
 async def test_a_non_retriable_exit_code_fails_the_job_with_that_code(
