@@ -69,6 +69,7 @@ class Settings:
     sizes: list[int]
     reps: int = 3
     restart_delay: float = 2.0
+    start_delay: float = 1.3
     scheduler_qps: int | None = None
     cluster: str = "bench"
     keep: bool = False
@@ -628,7 +629,10 @@ async def run_size(w: World) -> dict[str, Any]:
     print(f"N={w.n}: namespace {w.ns}", file=sys.stderr)
     await make_nodes(w)
     direct = w.ctl.arrival_url
-    w.sim = SimKubelet(w.api, w.ns, restart_delay=w.settings.restart_delay, arrival_url=direct)
+    w.sim = SimKubelet(
+        w.api, w.ns, restart_delay=w.settings.restart_delay, arrival_url=direct,
+        start_delay=w.settings.start_delay,
+    )  # fmt: skip
     sim_task = asyncio.create_task(w.sim.run())
     rows: list[dict[str, Any]] = []
     startup: dict[str, float] = {}
@@ -780,8 +784,9 @@ def report(settings: Settings, meta: dict[str, Any], results: list[dict[str, Any
     parts = [
         f"# Gang restart at scale on sim: in place vs Recreate ({meta['date']})",
         "",
-        f"Cluster: {meta['cluster']}. Kubelet restart delay (simulated KEP-5532 whole-pod "
-        f"restart): {settings.restart_delay}s. {settings.reps} repetitions per mode. Times are "
+        f"Cluster: {meta['cluster']}. Simulated kubelet (delays measured on the real node): "
+        f"whole-pod KEP-5532 restart {settings.restart_delay}s, start of a new pod "
+        f"{settings.start_delay}s. {settings.reps} repetitions per mode. Times are "
         "from the failure visible in the API (the kubelet's status write) to the barrier open "
         "(`status.barrierEpoch` seen in a watch). in-place and node-lost: agents report "
         "arrivals to the controller's endpoint and read the job's state from its answer (as "
@@ -890,6 +895,7 @@ async def run_on(cluster: Cluster, settings: Settings) -> dict[str, Any]:
         ),
         "settings": {
             "restart_delay_s": settings.restart_delay,
+            "start_delay_s": settings.start_delay,
             "reps": settings.reps,
             "scheduler_qps": qps,
             "floor_concurrency": FLOOR_CONCURRENCY,
@@ -948,6 +954,12 @@ def main() -> int:
         help="the simulated kubelet's whole-pod restart in seconds (measured: ~2)",
     )
     p.add_argument(
+        "--start-delay",
+        type=float,
+        default=1.3,
+        help="the simulated kubelet's start of a new pod in seconds (measured: 1.1-1.5)",
+    )
+    p.add_argument(
         "--scheduler-qps",
         type=int,
         help="raise the scheduler's client QPS (burst 2x) for a second set of figures",
@@ -959,7 +971,7 @@ def main() -> int:
     if a.with_5000 and 5000 not in sizes:
         sizes.append(5000)
     settings = Settings(
-        sizes=sizes, reps=a.reps, restart_delay=a.restart_delay,
+        sizes=sizes, reps=a.reps, restart_delay=a.restart_delay, start_delay=a.start_delay,
         scheduler_qps=a.scheduler_qps, cluster=a.cluster, keep=a.keep,
     )  # fmt: skip
     return asyncio.run(run(settings))

@@ -24,8 +24,8 @@ import yaml
 
 from localcluster.chaos import kill_trainer
 from localcluster.cluster import Cluster, Options
-from localcluster.node import AGENT_IMAGE, ensure_trainer_image
-from localcluster.tools import REPO, controller_kubeconfig, install_crd, kubectl
+from localcluster.node import AGENT_IMAGE, Bridge, ensure_trainer_image
+from localcluster.tools import REPO, controller_kubeconfig, free_port, install_crd, kubectl
 
 SAMPLE = REPO / "manifests" / "samples" / "pytorch-ddp.yaml"
 NAMESPACE = "default"
@@ -73,6 +73,8 @@ class Demo:
         )
 
     def show(self, job: dict[str, Any]) -> None:
+        if not job.get("status", {}).get("phase"):
+            return  # the controller has not written a status yet: nothing to show
         row = self.row(job)
         if row != self.last_row:
             say(f"{self.elapsed()} {row}")
@@ -106,12 +108,16 @@ class Demo:
         kubectl(self.cluster, "apply", "-k", str(REPO / "manifests" / "policy"))
         kubeconfig = controller_kubeconfig(self.cluster)
         if not any(p.name == "gangjob-controller" and p.alive() for p in self.cluster.procs()):
+            # The agents in the pods report arrivals to the controller on the pod bridge's
+            # gateway (it runs on this host), as they would to its Service in a cluster.
+            arrivals = f"{Bridge.for_slot(self.cluster.ports.slot).gateway}:{free_port()}"
             self.cluster._launch(
                 "gangjob-controller",
                 [
                     sys.executable, "-m", "controller.main", f"--kubeconfig={kubeconfig}",
                     f"--agent-image={AGENT_IMAGE}", "--log-format=text",
                     "--metrics-bind-address=127.0.0.1:0", "--health-probe-bind-address=127.0.0.1:0",
+                    f"--arrival-bind-address={arrivals}", f"--arrival-url=http://{arrivals}",
                 ],
             )  # fmt: skip
         say(f"  controller log: {self.cluster.logs / 'gangjob-controller.log'}")
@@ -173,9 +179,11 @@ class Demo:
         self.events()
 
     def events(self) -> None:
+        # By UID: a job of the same name from an earlier `make demo` has Events of its own.
+        uid = self.get_job().get("metadata", {}).get("uid", "")
         out = kubectl(
             self.cluster, "-n", NAMESPACE, "get", "events",
-            f"--field-selector=involvedObject.name={self.name}", "--sort-by=.lastTimestamp",
+            f"--field-selector=involvedObject.uid={uid}", "--sort-by=.lastTimestamp",
         )  # fmt: skip
         say("\n" + out.rstrip() + "\n")
 

@@ -8,6 +8,9 @@ This class adds what the real kubelet 1.36 does (LOCALCLUSTER.md, measured on a 
   `AllContainersRestarting` and Ready False at once, every container's restartCount +1 with
   the synthetic lastState `{exitCode: 137, reason: RestartingAllContainers}`, and after
   `restart_delay` (about 2 s on the real node) the containers run again and a new agent starts;
+- a new pod's agent starts `start_delay` after KWOK reports it Running (the real node takes
+  1.1-1.5 s from bind to a running container: sandbox, network, container start), so that
+  recreating a pod is charged the kubelet's part as restarting one is;
 - a trainer exit code outside the rule leaves the trainer terminated with that code and the
   pod Failed;
 - `Process` mode runs the agent with a stand-in trainer process that exits when told to;
@@ -112,8 +115,11 @@ class SimKubelet:
         kill_grace_seconds: float = 1.0,
         kubelet_concurrency: int = 64,
         arrival_url: str | None = None,
+        start_delay: float = 0.0,
     ) -> None:
         self.api = api
+        self.start_delay = start_delay
+        self._starting: set[str] = set()  # UIDs of new pods whose agent is about to start
         self.arrival_url = arrival_url
         # One client to the controller for every agent: each report's stream holds a connection.
         self.arrival_client = (
@@ -173,7 +179,11 @@ class SimKubelet:
         w = self.workers.get(name)
         running = pod.get("status", {}).get("phase") == "Running"
         if w is None and running:
-            self._start_worker(pod)
+            if self.start_delay <= 0:
+                self._start_worker(pod)
+            elif pod["metadata"]["uid"] not in self._starting:
+                self._starting.add(pod["metadata"]["uid"])
+                self._spawn(self._start_later(pod))
 
     def _poke(self) -> None:
         """Wakes `wait`: something it may be waiting for changed."""
@@ -263,6 +273,23 @@ class SimKubelet:
                 return
         _write(path, answer.get("status", {}).get("token", ""))
         self._tokens[uid] = path
+
+    async def _start_later(self, pod: JsonDict) -> None:
+        """The kubelet's pod start (sandbox, network, containers), then the agent."""
+        uid = pod["metadata"]["uid"]
+        try:
+            await asyncio.sleep(self.start_delay)
+            now = self.pods.get(pod["metadata"]["name"])
+            if (
+                now is None
+                or now["metadata"]["uid"] != uid
+                or now["metadata"].get("deletionTimestamp")
+            ):
+                return
+            if pod["metadata"]["name"] not in self.workers:
+                self._start_worker(now)
+        finally:
+            self._starting.discard(uid)
 
     def _stop_worker(self, name: str) -> None:
         w = self.workers.pop(name, None)
