@@ -25,12 +25,15 @@ from agent.constants import (
     DEFAULT_DIR,
     DEFAULT_KILL_GRACE_SECONDS,
     ENV_AGENT_PORT,
+    ENV_ARRIVAL_TOKEN,
+    ENV_ARRIVAL_URL,
     ENV_DIR,
     ENV_EPOCH,
     ENV_GANGJOB_NAME,
     ENV_KILL_GRACE_SECONDS,
     ENV_POD_NAME,
     ENV_POD_NAMESPACE,
+    ENV_POD_UID,
     RESTART_EXIT_CODE,
 )
 
@@ -39,6 +42,9 @@ USAGE_EXIT_CODE = 2
 EPILOG = f"""\
 environment:
   {ENV_GANGJOB_NAME}, {ENV_POD_NAME}, {ENV_POD_NAMESPACE}   required (downward API)
+  {ENV_POD_UID}   the pod's UID (downward API): keys the state file kept across restarts
+  {ENV_ARRIVAL_URL}, {ENV_ARRIVAL_TOKEN}   the controller's arrival endpoint and the
+      token for it (audience gangjob.io/arrival); unset: arrive by pod annotation
   {ENV_AGENT_PORT}   barrier probe port (sidecar; default {DEFAULT_AGENT_PORT})
   {ENV_DIR}   shared directory for the `epoch` file (default {DEFAULT_DIR})
   {ENV_KILL_GRACE_SECONDS}   SIGTERM to SIGKILL of the trainer (wrap; default \
