@@ -51,15 +51,18 @@ def _check(ok: bool) -> web.Response:
 class HealthServer:
     """Serves `make_app(...)` on host:port (port 0 picks a free one: see `port`)."""
 
-    def __init__(self, app: web.Application, host: str = "0.0.0.0", port: int = 8080) -> None:
+    def __init__(
+        self, app: web.Application, host: str = "0.0.0.0", port: int = 8080, backlog: int = 128
+    ) -> None:
         self._runner = web.AppRunner(app, access_log=None)
         self._host = host
         self._port = port
+        self._backlog = backlog
         self.port: int | None = None
 
     async def start(self) -> None:
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, self._port)
+        site = web.TCPSite(self._runner, self._host, self._port, backlog=self._backlog)
         await site.start()
         addresses = self._runner.addresses
         self.port = int(addresses[0][1]) if addresses else self._port

@@ -257,7 +257,8 @@ class Manager:
                 accepting=lambda: self.is_leader and self.synced(),
                 on_report=self._on_report,
             )
-            server = HealthServer(app, host, port)
+            # A gang of thousands restarts at once: its reports must not overflow the backlog.
+            server = HealthServer(app, host, port, backlog=4096)
             await server.start()
             servers.append(server)
             log.info("arrival endpoint on %s:%s", host, server.port)
