@@ -5,6 +5,7 @@ least-privilege RBAC of manifests/rbac (so a missing verb shows), and the pinned
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import socket
@@ -12,7 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import yaml
@@ -111,6 +112,7 @@ class ControllerProcess:
         *,
         arrivals: bool = False,
         arrival_host: str = "127.0.0.1",
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.kubeconfig = kubeconfig
         self.args = list(args)
@@ -121,6 +123,7 @@ class ControllerProcess:
         # host, on the pod bridge's gateway for agents in the node profile's pods.
         self.arrival_port = free_port() if arrivals else None
         self.arrival_host = arrival_host
+        self.env = dict(env or {})
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -144,7 +147,13 @@ class ControllerProcess:
                 f"--arrival-url={self.arrival_url}",
             ]
         with open(self.log, "ab") as fh:
-            self.proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO)
+            self.proc = subprocess.Popen(
+                cmd,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                cwd=REPO,
+                env={**os.environ, **self.env},
+            )
 
     def kill(self) -> None:
         if self.proc and self.proc.poll() is None:

@@ -5,14 +5,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from agent.apiclient import ApiError, HttpClient
 from api.constants import LABEL_NAME, LABEL_RANK
-from controller.kube import GANGJOBS, LEASES, PODS, SERVICES, Invalid, JsonDict, Kube
+from controller.kube import (
+    GANGJOBS,
+    LEASES,
+    PODS,
+    SERVICES,
+    Invalid,
+    JsonDict,
+    Kube,
+    NotFound,
+)
+from controller.manager import LEADER_LABEL
 from localcluster.cluster import Cluster
 from tests.integration.harness import (
     SYSTEM_NS,
@@ -25,7 +36,7 @@ from tests.integration.harness import (
     phase_is,
     watch_job,
 )
-from tests.waiting import wait_gone
+from tests.waiting import wait_for, wait_gone
 
 pytestmark = pytest.mark.integration
 
@@ -240,8 +251,25 @@ async def test_two_controllers_with_leader_election_never_both_act(
     lease = f"gj-{namespace}"[:60]
     args = [f"--namespace={namespace}", "--leader-elect", f"--leader-election-id={lease}",
             f"--leader-election-namespace={SYSTEM_NS}"]  # fmt: skip
-    a = ControllerProcess(ctl_kubeconfig, args, tmp_path / "a.log")
-    b = ControllerProcess(ctl_kubeconfig, args, tmp_path / "b.log")
+    # Each "runs in" a pod of the controller's namespace (the downward API's POD_NAME): the
+    # leader labels its own for the arrival Service.
+    pods = {}
+    for who in ("a", "b"):
+        pod = {
+            "metadata": {"name": f"{lease[:50]}-{who}"},
+            "spec": {"containers": [{"name": "c", "image": "localhost/busybox:dev"}]},
+        }
+        pods[who] = (await sim_kube.create(PODS, pod, SYSTEM_NS))["metadata"]["name"]
+
+    def controller(who: str) -> ControllerProcess:
+        env = {"POD_NAME": pods[who], "POD_NAMESPACE": SYSTEM_NS}
+        return ControllerProcess(ctl_kubeconfig, args, tmp_path / f"{who}.log", arrivals=True,
+                                 env=env)  # fmt: skip
+
+    def labelled() -> Callable[[JsonDict], bool]:
+        return lambda p: p["metadata"].get("labels", {}).get(LEADER_LABEL) == "leader"
+
+    a, b = controller("a"), controller("b")
     a.start()
     b.start()
     try:
@@ -256,6 +284,16 @@ async def test_two_controllers_with_leader_election_never_both_act(
         leader, standby = active[0], (b if active[0] is a else a)
         assert standby.metric("leader_election_master_status") == 0
         assert leader.metric("leader_election_master_status") == 1
+        # The arrival Service selects the leader's pod alone; the standby turns reports away.
+        who = "a" if leader is a else "b"
+        await wait_for(sim_kube, PODS, pods[who], SYSTEM_NS, labelled(), 10, "labelled")
+        other = await sim_kube.get(PODS, pods["b" if who == "a" else "a"], SYSTEM_NS)
+        assert LEADER_LABEL not in other["metadata"].get("labels", {})
+        assert standby.arrival_url is not None
+        async with HttpClient(standby.arrival_url) as client:
+            with pytest.raises(ApiError, match="503"):
+                async for _ in client.stream("POST", "/v1/arrivals", {}, token="t"):
+                    pass
         # The leader dies without releasing the Lease: the standby takes over once it expires.
         leader.kill()
         await sim_kube.create(GANGJOBS, gangjob("le2", 1), namespace)
@@ -263,6 +301,11 @@ async def test_two_controllers_with_leader_election_never_both_act(
         new_holder = (await sim_kube.get(LEASES, lease, SYSTEM_NS))["spec"]["holderIdentity"]
         assert new_holder != holder
         assert standby.metric("controller_runtime_reconcile_total") > 0
+        new = "b" if who == "a" else "a"
+        await wait_for(sim_kube, PODS, pods[new], SYSTEM_NS, labelled(), 10, "labelled")
     finally:
         a.stop()
         b.stop()
+        for name in pods.values():
+            with contextlib.suppress(NotFound):
+                await sim_kube.delete(PODS, name, SYSTEM_NS, grace_period_seconds=0)

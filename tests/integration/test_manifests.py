@@ -4,8 +4,6 @@ the controller's roles holding the verbs the arrival endpoint needs."""
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import yaml
 
@@ -31,15 +29,11 @@ def test_manifests_apply_on_the_real_apiserver(sim_cluster: Cluster) -> None:
     assert {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"],
             "verbs": ["create"]} in role["rules"]  # fmt: skip
 
-    # A dry run on the server validates every object; the namespace must exist for that.
-    created = False
-    with contextlib.suppress(RuntimeError):
-        kubectl(sim_cluster, "create", "namespace", "gangjob-system")
-        created = True
-    try:
-        out = kubectl(sim_cluster, "apply", "-k", default, "--dry-run=server")
-    finally:
-        if created:
-            kubectl(sim_cluster, "delete", "namespace", "gangjob-system", "--wait=false")
+    # A dry run on the server validates every object; the namespace must exist for that. It is
+    # the one the controller tests use (localcluster.tools.SYSTEM_NS): made if missing, kept.
+    ns = kubectl(sim_cluster, "create", "namespace", "gangjob-system", "--dry-run=client", "-o",
+                 "yaml")  # fmt: skip
+    kubectl(sim_cluster, "apply", "-f", "-", stdin=ns)
+    out = kubectl(sim_cluster, "apply", "-k", default, "--dry-run=server")
     assert "service/gangjob-arrivals created (server dry run)" in out
     assert "deployment.apps/gangjob-controller created (server dry run)" in out
