@@ -8,8 +8,11 @@ or refuses them."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
+import json
 import pathlib
+import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -148,6 +151,29 @@ async def test_token_reviews_are_cached() -> None:
         assert await auth.authenticate("t") == Identity(NS, "train-0", "u0")
     assert len(calls) == 1
     assert calls[0]["spec"] == {"token": "t", "audiences": ["gangjob.io/arrival"]}
+
+
+def jwt(**claims: Any) -> str:
+    body = base64.urlsafe_b64encode(json.dumps(claims).encode()).decode().rstrip("=")
+    return f"e30.{body}.sig"
+
+
+async def test_a_verdict_is_kept_no_longer_than_its_token_lives() -> None:
+    calls = 0
+
+    async def post(body: dict[str, Any]) -> dict[str, Any]:
+        nonlocal calls
+        calls += 1
+        return BOUND
+
+    auth = arrivals.TokenAuthenticator(post)
+    live, dead = jwt(exp=time.time() + 3000), jwt(exp=time.time() - 1)
+    for token in (live, live, dead, dead):
+        await auth.authenticate(token)
+    assert calls == 3  # the live one once, the expired one every time
+    assert arrivals.token_expiry(jwt(exp=123)) == 123
+    assert arrivals.token_expiry("not-a-jwt") is None
+    assert arrivals.token_expiry(jwt(sub="x")) is None
 
 
 T0 = datetime(2026, 5, 1, 10, 0, tzinfo=UTC)
