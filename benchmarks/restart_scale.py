@@ -74,6 +74,7 @@ class Settings:
     cluster: str = "bench"
     keep: bool = False
     name: str = "restart_scale"
+    results_dir: Path = RESULTS
 
 
 # -- watching ---------------------------------------------------------------------------------
@@ -464,7 +465,7 @@ async def in_place(
     }
     row = await measure_restart(
         w, tracker, mode, rep, lambda: w.s.crash(victim, 1), checks,
-        ["visible", "epoch", "arrived", "barrier", "open"], w.timeout(0.1),
+        ["visible", "epoch", "arrived", "barrier", "open"], w.timeout(0.2),
         lambda: f"epoch {tracker.status.get('epoch')}, {agents_at(w.s, e1, opened=False)}/{n} "
         f"arrived, {agents_at(w.s, e1, opened=True)}/{n} open",
     )  # fmt: skip
@@ -502,7 +503,7 @@ async def node_lost(w: World, tracker: JobTracker, rep: int, node: str) -> dict[
     }
     row = await measure_restart(
         w, tracker, "node-lost", rep, inject, checks,
-        ["visible", "epoch", "recreated", "arrived", "barrier", "open"], w.timeout(0.1),
+        ["visible", "epoch", "recreated", "arrived", "barrier", "open"], w.timeout(0.2),
         lambda: f"epoch {tracker.status.get('epoch')}, recreated {recreated()}, "
         f"{agents_at(w.s, e1, opened=False)}/{n} arrived",
     )  # fmt: skip
@@ -878,9 +879,19 @@ async def run_on(cluster: Cluster, settings: Settings) -> dict[str, Any]:
                 res = await run_size(w)
                 results.append(res)
                 print(f"\n{size_table(res)}\n", file=sys.stderr)
+                # Written after every size: a long run that fails later keeps what it measured.
+                write_results(
+                    settings, report_data(cluster, settings, results), settings.results_dir
+                )
     finally:
         ctl.stop()
         await api.close()
+    return report_data(cluster, settings, results)
+
+
+def report_data(
+    cluster: Cluster, settings: Settings, results: list[dict[str, Any]]
+) -> dict[str, Any]:
     opts = cluster.load().get("options", {})
     qps = opts.get("scheduler_qps")
     return {
@@ -934,7 +945,7 @@ async def run(settings: Settings) -> int:
     finally:
         if started and not settings.keep:
             cluster.down(sys.stderr)
-    paths = write_results(settings, data)
+    paths = write_results(settings, data, settings.results_dir)
     print("\n" + report(settings, data, data["results"]))
     for kind, path in paths.items():
         print(f"{kind}: {path or '(skipped)'}")

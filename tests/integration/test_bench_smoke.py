@@ -18,7 +18,9 @@ pytestmark = pytest.mark.integration
 async def test_restart_scale_runs_every_mode_and_writes_a_report(
     sim_cluster: Cluster, tmp_path: Path
 ) -> None:
-    settings = Settings(sizes=[3], reps=1, restart_delay=0.2, start_delay=0.1, name="smoke")
+    settings = Settings(
+        sizes=[3], reps=1, restart_delay=0.2, start_delay=0.1, name="smoke", results_dir=tmp_path
+    )
     data = await run_on(sim_cluster, settings)
 
     (res,) = data["results"]
