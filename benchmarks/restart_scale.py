@@ -71,6 +71,8 @@ class Settings:
     restart_delay: float = 2.0
     start_delay: float = 1.3
     scheduler_qps: int | None = None
+    modes: tuple[str, ...] = MODES
+    """Which measurements to take (all by default: they are meant side by side)."""
     cluster: str = "bench"
     keep: bool = False
     name: str = "restart_scale"
@@ -638,7 +640,11 @@ async def run_size(w: World) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     startup: dict[str, float] = {}
     try:
-        for gang, mode in (("ip", "Pod"), ("rc", "Recreate")):
+        gangs = [("ip", "Pod")] if set(w.settings.modes) - {"recreate"} else []
+        if "recreate" in w.settings.modes:
+            gangs.append(("rc", "Recreate"))
+        want = w.settings.modes
+        for gang, mode in gangs:
             tracker = JobTracker(w.kube, w.ns, gang)
             track_task = asyncio.create_task(tracker.run())
             try:
@@ -650,9 +656,9 @@ async def run_size(w: World) -> dict[str, Any]:
                 await steady(w, tracker, 0)
                 if mode == "Pod":
                     # Agents report arrivals to the controller (as deployed)...
-                    for rep in range(reps):
+                    for rep in range(reps if "in-place" in want else 0):
                         rows.append(await in_place(w, tracker, rep, gang))
-                    for rep, node in enumerate(w.victims):
+                    for rep, node in enumerate(w.victims if "node-lost" in want else []):
                         row = await node_lost(w, tracker, rep, node)
                         if row is not None:
                             rows.append(row)
@@ -660,9 +666,9 @@ async def run_size(w: World) -> dict[str, Any]:
                     # agents restarted from here on get no endpoint). The floor needs those
                     # watches: it times one GangJob write reaching every agent's watch.
                     w.s.arrival_url = None
-                    for rep in range(reps):
+                    for rep in range(reps if "in-place-annotation" in want else 0):
                         rows.append(await in_place(w, tracker, rep, gang, "in-place-annotation"))
-                    for rep in range(reps):
+                    for rep in range(reps if "floor" in want else 0):
                         rows.append(await floor(w, tracker, rep, gang))
                     w.s.arrival_url = direct
                 else:
@@ -975,14 +981,23 @@ def main() -> int:
         type=int,
         help="raise the scheduler's client QPS (burst 2x) for a second set of figures",
     )
+    p.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help=f"measurements to take, comma-separated (default: all of {','.join(MODES)})",
+    )
     p.add_argument("--cluster", default="bench", help="local cluster to use (started if down)")
     p.add_argument("--keep", action="store_true", help="leave a cluster this run started up")
     a = p.parse_args()
+    modes = tuple(m for m in a.modes.split(",") if m)
+    if not modes or set(modes) - set(MODES):
+        p.error(f"--modes: choose from {','.join(MODES)}")
     sizes = [int(s) for s in a.sizes.split(",") if s]
     if a.with_5000 and 5000 not in sizes:
         sizes.append(5000)
     settings = Settings(
         sizes=sizes, reps=a.reps, restart_delay=a.restart_delay, start_delay=a.start_delay,
+        modes=modes,
         scheduler_qps=a.scheduler_qps, cluster=a.cluster, keep=a.keep,
     )  # fmt: skip
     return asyncio.run(run(settings))
