@@ -655,6 +655,11 @@ async def run_size(w: World) -> dict[str, Any]:
                       f"({reqs} controller API requests)", file=sys.stderr)  # fmt: skip
                 await steady(w, tracker, 0)
                 if mode == "Pod":
+                    # The floor first: it times one GangJob write reaching every agent's own
+                    # watch, and the agents of a new gang all watch (later ones, restarted with
+                    # the endpoint, need not).
+                    for rep in range(reps if "floor" in want else 0):
+                        rows.append(await floor(w, tracker, rep, gang))
                     # Agents report arrivals to the controller (as deployed)...
                     for rep in range(reps if "in-place" in want else 0):
                         rows.append(await in_place(w, tracker, rep, gang))
@@ -663,13 +668,10 @@ async def run_size(w: World) -> dict[str, Any]:
                         if row is not None:
                             rows.append(row)
                     # ... then, side by side, by pod annotation and their own watches (the
-                    # agents restarted from here on get no endpoint). The floor needs those
-                    # watches: it times one GangJob write reaching every agent's watch.
+                    # agents restarted from here on get no endpoint).
                     w.s.arrival_url = None
                     for rep in range(reps if "in-place-annotation" in want else 0):
                         rows.append(await in_place(w, tracker, rep, gang, "in-place-annotation"))
-                    for rep in range(reps if "floor" in want else 0):
-                        rows.append(await floor(w, tracker, rep, gang))
                     w.s.arrival_url = direct
                 else:
                     for rep in range(reps):
