@@ -112,7 +112,7 @@ class Agent:
         )
         self._watcher = JobWatcher(api, config, self.log)
         self._own_client: HttpClient | None = None
-        annotation = AnnotationArrival(api, config.pod_path)
+        annotation = AnnotationArrival(api, config.pod_path, config.pod_uid)
         if arrival is None and config.arrival_url is not None:
             if arrival_client is None:
                 arrival_client = self._own_client = HttpClient(config.arrival_url)

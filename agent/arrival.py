@@ -26,12 +26,13 @@ class AnnotationArrival:
     """Arrival as a merge-patch of the agent's own pod: `gangjob.io/epoch: "<E>"` and
     `gangjob.io/exit: "<E>:<code>"`. One write, read by the controller's pod watch."""
 
-    def __init__(self, api: Api, pod_path: str) -> None:
+    def __init__(self, api: Api, pod_path: str, pod_uid: str = "") -> None:
         self._api = api
         self._pod_path = pod_path
+        self._pod_uid = pod_uid
 
     async def arrive(self, epoch: int, exit: tuple[int, int] | None = None) -> None:
-        await self._api.merge_patch(self._pod_path, arrival_patch(epoch, exit))
+        await self._api.merge_patch(self._pod_path, arrival_patch(epoch, exit, self._pod_uid))
 
     async def close(self) -> None:
         return None  # the annotation stays: it is the durable record

@@ -176,6 +176,11 @@ class DirectArrival:
                 await self._fallback.arrive(epoch, exit)
                 break
             except ClientError as e:
+                if isinstance(e, ApiError) and e.status in (404, 409) and accepted.done():
+                    # The pod is gone, or another of its name took its place (the write is
+                    # conditional on our UID): nobody is left to report for.
+                    self._log.warning("own pod gone (%s): no more arrival reports", e)
+                    return
                 if not accepted.done():
                     raise  # the agent's own retry takes it from here
                 delay = backoff.next()

@@ -93,13 +93,17 @@ def arrived_epoch(pod: dict[str, Any]) -> int | None:
     return None
 
 
-def arrival_patch(epoch: int, exit: tuple[int, int] | None = None) -> dict[str, Any]:
+def arrival_patch(epoch: int, exit: tuple[int, int] | None = None, uid: str = "") -> dict[str, Any]:
     """The merge-patch of a pod's annotations that arrives at `epoch` and, in the same write,
-    reports a trainer exit as `<epoch>:<code>`."""
+    reports a trainer exit as `<epoch>:<code>`. With the pod's `uid` the write is conditional
+    on it (409 otherwise): an agent of a deleted pod must not annotate its namesake."""
     annotations = {ANNOTATION_EPOCH: str(epoch)}
     if exit is not None:
         annotations[ANNOTATION_EXIT] = f"{exit[0]}:{exit[1]}"
-    return {"metadata": {"annotations": annotations}}
+    meta: dict[str, Any] = {"annotations": annotations}
+    if uid:
+        meta["uid"] = uid
+    return {"metadata": meta}
 
 
 def exit_status(returncode: int) -> int:

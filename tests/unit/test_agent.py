@@ -202,6 +202,7 @@ class FakeApi:
         self.pods: dict[str, JsonDict] = {}
         self.patches: list[tuple[str, JsonDict]] = []
         self.fail_patches = 0
+        self.refused_patches = 0
         self.fail_gets = 0
         self._wake = asyncio.Event()
         self._break_watches = 0
@@ -263,6 +264,11 @@ class FakeApi:
             self.fail_patches -= 1
             raise ApiError(503, "ServiceUnavailable")
         name = path.rsplit("/", 1)[1]
+        want = patch["metadata"].get("uid")
+        if want is not None and self.pods[name]["metadata"].get("uid") != want:
+            self.refused_patches += 1
+            self._notify()
+            raise ApiError(409, "Conflict", "Precondition failed: UID in precondition")
         self.rv += 1  # one revision counter for all objects, as etcd's
         self.patches.append((name, patch))
         self.annotations(name).update(patch["metadata"]["annotations"])

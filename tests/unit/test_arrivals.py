@@ -283,6 +283,7 @@ def direct_agent(
     )
     config.arrival_token_file.write_text(f"{pod}/{uid}")
     ctl.fake.add_pod(pod)
+    ctl.fake.pods[pod]["metadata"]["uid"] = uid
     return Agent(config, ctl.fake, arrival_client=client)
 
 
@@ -387,3 +388,24 @@ async def test_the_endpoint_refuses_a_report_for_another_pod(controller: Control
             ):
                 pass
     assert controller.book.get(NS, "train-1") is None
+
+
+async def test_the_agent_of_a_replaced_pod_does_not_annotate_its_namesake(
+    controller: Controller, tmp_path: pathlib.Path
+) -> None:
+    """Recreated under it (same name, new UID), an old agent whose report the controller drops
+    finds its token refused; its fallback write is conditional on its own UID and fails, and it
+    stops reporting instead of marking the new pod arrived."""
+    ctl = controller
+    async with HttpClient(ctl.url) as client:
+        a = direct_agent(ctl, tmp_path, client)
+        async with running(a):
+            await until(a, lambda s: s.step == Step.AT_BARRIER)
+            ctl.fake.pods["train-0"]["metadata"]["uid"] = "the-new-pod"
+            ctl.refuse = True  # the apiserver: the token's pod is gone
+            ctl.book.forget(NS, "train-0", "uid-train-0")  # the old pod's deletion
+            ctl.book.job_changed(f"{NS}/{JOB}")  # its stream ends
+            await ctl.fake.until(lambda: ctl.fake.refused_patches == 1)  # it tried, once
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(ctl.fake.until(lambda: ctl.fake.refused_patches > 1), 0.5)
+    assert ctl.fake.annotations("train-0") == {}
