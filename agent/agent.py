@@ -393,16 +393,21 @@ class Agent:
     def _save_state(self, arrived: int | None, seen: int) -> None:
         if not self.config.pod_uid:
             return
-        path = self.config.dir / STATE_FILE
-        tmp = path.with_name(f".{STATE_FILE}.tmp")
         body = {"uid": self.config.pod_uid, "arrived": arrived, "seen": seen}
         try:
-            self.config.dir.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(body))
-            os.replace(tmp, path)
+            self._replace_file(STATE_FILE, json.dumps(body))
         except OSError as e:
             # Not fatal: without it a restarted agent reads its pod and its job instead.
-            self.log.warning("cannot write %s: %s", path, e)
+            self.log.warning("cannot write %s: %s", self.config.dir / STATE_FILE, e)
+
+    def _replace_file(self, name: str, text: str) -> None:
+        """Writes `$GANGJOB_DIR/<name>` whole: a temporary file, then a rename, so that a reader
+        (the trainer, or the agent after a restart) never sees it half-written."""
+        path = self.config.dir / name
+        tmp = path.with_name(f".{name}.tmp")
+        self.config.dir.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text)
+        os.replace(tmp, path)
 
     async def _wait_barrier(self, target: int) -> JobState:
         """Waits at the barrier of `target`; once open, writes the epoch file and opens the probe.
@@ -419,17 +424,12 @@ class Agent:
         return state
 
     def _write_epoch_file(self, epoch: int) -> None:
-        # tmp + rename: the trainer never reads a half-written number.
-        path = self.config.dir / EPOCH_FILE
-        tmp = path.with_name(f".{EPOCH_FILE}.tmp")
         try:
-            self.config.dir.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(f"{epoch}\n")
-            os.replace(tmp, path)
+            self._replace_file(EPOCH_FILE, f"{epoch}\n")
         except OSError as e:
             # Not fatal: the barrier matters more than the file, and Process mode also passes
             # the epoch in the environment.
-            self.log.error("cannot write %s: %s", path, e)
+            self.log.error("cannot write %s: %s", self.config.dir / EPOCH_FILE, e)
 
     # waiting
 

@@ -83,8 +83,6 @@ class DirectArrival:
         self._on_fallback = on_fallback
         self._log = log
         self._hold: asyncio.Task[None] | None = None
-        self.fell_back = False
-        """The last report went by annotation (the controller was out of reach or refused)."""
 
     async def arrive(self, epoch: int, exit: tuple[int, int] | None = None) -> None:
         await self.close()
@@ -168,7 +166,6 @@ class DirectArrival:
     async def _fall_back(
         self, epoch: int, exit: tuple[int, int] | None, accepted: asyncio.Future[None]
     ) -> None:
-        self.fell_back = True
         self._on_fallback()  # the apiserver watch first: the barrier may open any moment
         backoff = Backoff(self._config.backoff_initial, self._config.backoff_max)
         while True:

@@ -34,7 +34,9 @@ from typing import Any
 
 from aiohttp import web
 
+from api.v1alpha1 import Phase
 from controller import metrics
+from controller.classify import all_containers_restarting
 from controller.podspec import ARRIVAL_AUDIENCE, ARRIVALS_PATH
 from controller.views import PodView
 
@@ -61,8 +63,7 @@ token in the middle of a restart costs the apiserver 5000 requests (seen at N=50
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
 POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
 SA_PREFIX = "system:serviceaccount:"
-TERMINAL = frozenset({"Succeeded", "Failed"})
-ALL_CONTAINERS_RESTARTING = "AllContainersRestarting"
+TERMINAL = frozenset({Phase.SUCCEEDED, Phase.FAILED})
 JsonDict = dict[str, Any]
 
 
@@ -144,7 +145,7 @@ def with_report(view: PodView, report: Report | None) -> PodView:
     epoch and the report's, and the exit report at the later epoch."""
     if report is None or report.uid != view.uid:
         return view
-    if view.conditions.get(ALL_CONTAINERS_RESTARTING, ("",))[0] == "True":
+    if all_containers_restarting(view):
         # The report came the fast way and can overtake the kubelet's status write in our pod
         # cache: the condition may be the restart the agent has already come back from. Until
         # the cache catches up, the pod counts where its own status puts it; a real failure
@@ -174,9 +175,6 @@ class ArrivalBook:
         self.closing = True
         for key in list(self._changed):
             self.job_changed(key)
-
-    def __len__(self) -> int:
-        return len(self._reports)
 
     def record(self, namespace: str, pod: str, report: Report) -> bool:
         """Keeps `report` unless the pod said something later already; True if kept."""
@@ -312,6 +310,16 @@ def make_app(
 ) -> web.Application:
     """The endpoint. `job(key)` reads the GangJob from the cache; `accepting()` is whether this
     replica leads with synced caches; `on_report(key)` queues the job for a pass."""
+    # One line per version of each job, not one per stream: a job change wakes every stream of
+    # its gang (thousands), and they all send the same bytes.
+    lines: dict[str, tuple[str, bytes]] = {}
+
+    def line_of(key: str, obj: JsonDict) -> bytes:
+        version = str((obj.get("metadata") or {}).get("resourceVersion", ""))
+        hit = lines.get(key)
+        if hit is None or hit[0] != version or not version:
+            hit = lines[key] = (version, state_line(obj))
+        return hit[1]
 
     async def arrivals(request: web.Request) -> web.StreamResponse:
         if not accepting():
@@ -363,8 +371,9 @@ def make_app(
             waiter = book.changed(key)
             obj = job(key)
             if obj is None:
+                lines.pop(key, None)
                 break  # deleted: the agent sees its watch end, or its pod go
-            line = state_line(obj)
+            line = line_of(key, obj)
             if line != sent or time.monotonic() - last_write >= heartbeat:
                 await response.write(line)
                 sent, last_write = line, time.monotonic()

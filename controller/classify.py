@@ -330,7 +330,7 @@ def _exit_signals(s: _Signals, ctx: Context, pod: PodView) -> None:
                 code,
                 f"trainer exited {how} at epoch {epoch} (reported by the agent)",
             )
-    if pod.conditions.get(ALL_CONTAINERS_RESTARTING, ("",))[0] == ConditionStatus.TRUE:
+    if all_containers_restarting(pod):
         s.exit(
             FailureClass.PROCESS_EXIT,
             ctx.trainer,
@@ -359,6 +359,12 @@ def _durable_exit(s: _Signals, ctx: Context, container: ContainerView) -> None:
             _exit_detail(container.name, real, reason, " after the barrier opened"),
         )
         return
+
+
+def all_containers_restarting(pod: PodView) -> bool:
+    """The pod condition `AllContainersRestarting` is True: the kubelet is restarting the whole
+    pod in place (KEP-5532), as this view of it says."""
+    return pod.conditions.get(ALL_CONTAINERS_RESTARTING, ("",))[0] == ConditionStatus.TRUE
 
 
 def _cannot_restart_in_place(ctx: Context, pod: PodView) -> bool:

@@ -140,8 +140,9 @@ class Manager:
         self.arrivals.job_changed(event.key)
         self._enqueue(event.key)
 
-    def _on_report(self, key: str) -> None:
-        # A direct arrival, like an annotation one: one of N, coalesced into one pass.
+    def _enqueue_arrival(self, key: str) -> None:
+        # An arrival (annotation or direct report) is one of N during a restart and no failure:
+        # arrivals within ARRIVAL_COALESCE share one pass over the gang.
         self._dirty_since.setdefault(key, time.monotonic())
         self.queue.add_after(key, ARRIVAL_COALESCE)
 
@@ -157,8 +158,7 @@ class Manager:
         arrival = event.old is not None and arrival_only(event.old, event.obj)
         for key in gangjob_index(event.obj):
             if arrival:
-                self._dirty_since.setdefault(key, time.monotonic())
-                self.queue.add_after(key, ARRIVAL_COALESCE)
+                self._enqueue_arrival(key)
             else:
                 self._enqueue(key)
 
@@ -255,7 +255,7 @@ class Manager:
                 self.authenticator.authenticate,
                 self.jobs.get,
                 accepting=lambda: self.is_leader and self.synced(),
-                on_report=self._on_report,
+                on_report=self._enqueue_arrival,
             )
             # A gang of thousands restarts at once: its reports must not overflow the backlog.
             server = HealthServer(app, host, port, backlog=4096)
