@@ -36,7 +36,7 @@ from api.v1alpha1 import (
     SuccessPolicy,
     WorkersStatus,
 )
-from controller import classify, podspec
+from controller import classify, nodematch, podspec
 from controller.classify import Decision, FailureClass
 from controller.conditions import get_condition, is_true, set_condition
 from controller.views import ANNOTATION_RESTART_MODE, NodeView, PodView
@@ -518,13 +518,10 @@ def _pod_mode_problem(p: _Pass) -> tuple[str, str] | None:
 
 
 def eligible_nodes(job: GangJob, nodes: Iterable[NodeView]) -> list[NodeView]:
-    """The nodes the template's `nodeSelector` allows: in a mixed cluster only those decide
-    whether `Pod` mode can be scheduled. Node affinity is not evaluated: a template whose
-    affinity excludes every declaring node keeps `Pod` mode, and its workers stay Pending with
-    the scheduler's reason (a known gap)."""
+    """The nodes the template's `nodeSelector` and required node affinity allow: in a mixed
+    cluster only those decide whether `Pod` mode can be scheduled."""
     spec = job.spec.template.get("spec") or {}
-    selector = spec.get("nodeSelector") or {}
-    return [n for n in nodes if all(n.labels.get(k) == v for k, v in selector.items())]
+    return [n for n in nodes if nodematch.allows(spec, n)]
 
 
 def _rules_dropped(pod: PodView) -> bool:

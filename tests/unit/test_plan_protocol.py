@@ -5,6 +5,7 @@ and the mode fallback. Every scenario is also replanned over its own outcome: no
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -23,7 +24,7 @@ from api.v1alpha1 import (
 )
 from controller.plan import EventSpec, Observed, Plan, PodDelete, finish_pod, plan
 from controller.views import NodeView
-from tests.unit.builders import T0, make_job, make_node, make_pod, with_status
+from tests.unit.builders import T0, TEMPLATE, make_job, make_node, make_pod, with_status
 from tests.unit.test_plan import carry_out, condition, names, observe
 
 NOW = T0 + timedelta(minutes=10)
@@ -704,3 +705,32 @@ def test_an_invalid_template_is_reported_once_and_creates_nothing() -> None:
     assert ready[:2] == ("False", "TrainerCommandRequired")
     assert [e.reason for e in result.events] == ["TrainerCommandRequired"]
     assert plan(carry_out(observed, result)).events == []
+
+
+def test_the_required_node_affinity_of_the_template_decides_the_mode_too() -> None:
+    # Only the old pool may take the workers (affinity, no nodeSelector): Pod mode cannot be
+    # scheduled even though another node declares the feature.
+    old = make_node("gpu-old", features=(), labels={"pool": "old"})
+    new = make_node("gpu-new", labels={"pool": "new"})
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["old"]}]}
+                ]
+            }
+        }
+    }
+    template = copy.deepcopy(TEMPLATE)
+    template["spec"].pop("nodeSelector")
+    template["spec"]["affinity"] = affinity
+    result = plan(new_gang([old, new], template=template))
+    assert result.status.mode is RestartMode.PROCESS
+    reason = condition(result, ConditionType.MODE_DEGRADED)
+    assert reason is not None
+    assert reason[1] == "NodesLackRestartAllContainers"
+    # Allow the new pool as well: it declares the feature, so Pod mode holds.
+    terms = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    terms["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] = ["old", "new"]
+    result = plan(new_gang([old, new], template=template))
+    assert result.status.mode is RestartMode.POD
