@@ -99,12 +99,15 @@ class Agent:
         arrival_client: Streamer | None = None,
         env: Mapping[str, str] | None = None,
         logger: logging.Logger | None = None,
+        adopts_orphans: bool = False,
     ) -> None:
         if mode is Mode.PROCESS and not command:
             raise ValueError("Process mode needs the trainer's command")
         self.config = config
         self.mode = mode
         self.command = list(command)
+        # `Process` mode: every child left after a trainer run is the run's (see Trainer).
+        self.adopts_orphans = adopts_orphans
         self._api = api
         self._env = dict(os.environ if env is None else env)
         self.log = logging.LoggerAdapter(
@@ -306,7 +309,7 @@ class Agent:
         env = dict(self._env)
         env[ENV_EPOCH] = str(target)
         env[ENV_DIR] = str(self.config.dir)
-        trainer = Trainer(self.command, env)
+        trainer = Trainer(self.command, env, adopts=self.adopts_orphans)
         self._trainer = trainer
         await trainer.start()
         runs = self._state.trainer_runs + 1

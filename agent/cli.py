@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -36,6 +37,7 @@ from agent.constants import (
     ENV_POD_UID,
     RESTART_EXIT_CODE,
 )
+from agent.trainer import become_subreaper
 
 USAGE_EXIT_CODE = 2
 
@@ -85,7 +87,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"agent: error: {e}", file=sys.stderr)
         return USAGE_EXIT_CODE
     mode = Mode.POD if args.mode == "sidecar" else Mode.PROCESS
-    return asyncio.run(_run(Agent(config, api, mode=mode, command=command)))
+    # `wrap` takes in what its trainer runs leave behind: it is the container's PID 1, or
+    # becomes the subreaper of its descendants, and has no children but the trainer's.
+    adopts = mode is Mode.PROCESS and (os.getpid() == 1 or become_subreaper())
+    agent = Agent(config, api, mode=mode, command=command, adopts_orphans=adopts)
+    return asyncio.run(_run(agent))
 
 
 async def _run(agent: Agent) -> int:
