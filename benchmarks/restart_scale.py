@@ -1,7 +1,8 @@
 """Gang restart latency at scale on the `sim` cluster: in place against Recreate, side by side.
 
     python -m benchmarks.restart_scale [--sizes 100,1000] [--with-5000] [--reps 3]
-                                       [--scheduler-qps 500] [--restart-delay 2.0] [--keep]
+                                       [--scheduler-qps 500] [--endpoint-batch 1]
+                                       [--restart-delay 2.0] [--keep]
 
 For each gang size N, in one run and on one cluster (real apiserver, scheduler and
 controller-manager; KWOK nodes; the real controller as a subprocess with its own RBAC; the real
@@ -22,7 +23,12 @@ Each is repeated (median and p90), with the controller's own share (its metric
 and its API requests per restart (`rest_client_requests_total` deltas). Times are taken by this
 process's monotonic clock: the job's own watch for epoch and barrier, the simulated kubelet's
 write returning for "failure visible", a 50 ms poll of the agents for arrivals. Results go to
-benchmarks/results/restart_scale[-qpsQ].{json,md,png}.
+benchmarks/results/restart_scale[-qpsQ][-epbatchS].{json,md,png}.
+
+Every worker is behind the gang's headless Service, so each pod status change costs the
+controller-manager's Endpoints and EndpointSlice controllers a pass over all N pods: at N=5000
+they take a core of this 2-core machine while a gang restarts. `--endpoint-batch` gives the
+figures with those updates batched, as an operator of large gangs would set it.
 """
 
 from __future__ import annotations
@@ -71,6 +77,8 @@ class Settings:
     restart_delay: float = 2.0
     start_delay: float = 1.3
     scheduler_qps: int | None = None
+    endpoint_batch: float | None = None
+    """The controller-manager's endpoint update batching period (seconds; default none)."""
     modes: tuple[str, ...] = MODES
     """Which measurements to take (all by default: they are meant side by side)."""
     cluster: str = "bench"
@@ -835,9 +843,10 @@ def write_plot(path: Path, settings: Settings, results: list[dict[str, Any]]) ->
         if "recreate" in res["modes"]
     }
     qps = settings.scheduler_qps or "default"
+    batch = f", endpoint batch {settings.endpoint_batch:g} s" if settings.endpoint_batch else ""
     return plot_lines(
         path,
-        f"GangJob restart, failure visible -> barrier open (sim, scheduler QPS {qps})",
+        f"GangJob restart, failure visible -> barrier open (sim, scheduler QPS {qps}{batch})",
         series,
         [(f"goal: Recreate / {GOAL_RATIO:.0f}", goal)],
     )
@@ -849,14 +858,22 @@ def write_plot(path: Path, settings: Settings, results: list[dict[str, Any]]) ->
 def ensure_cluster(settings: Settings) -> tuple[Cluster, bool]:
     """The cluster up with the scheduler QPS asked for; whether this run started it."""
     cluster = Cluster(settings.cluster)
+    want = Options(
+        profile="sim",
+        nodes=1,
+        scheduler_qps=settings.scheduler_qps,
+        endpoint_batch_seconds=settings.endpoint_batch,
+    )
     if cluster.is_up():
         opts = cluster.load().get("options", {})
-        if opts.get("scheduler_qps") == settings.scheduler_qps:
+        keys = ("scheduler_qps", "endpoint_batch_seconds")
+        if all(opts.get(k) == want.to_json()[k] for k in keys):
             return cluster, False
         print(f"restarting cluster {cluster.name!r} for scheduler QPS "
-              f"{settings.scheduler_qps}", file=sys.stderr)  # fmt: skip
+              f"{settings.scheduler_qps}, endpoint batching {settings.endpoint_batch}",
+              file=sys.stderr)  # fmt: skip
         cluster.down(sys.stderr)
-    cluster.up(Options(profile="sim", nodes=1, scheduler_qps=settings.scheduler_qps), sys.stderr)
+    cluster.up(want, sys.stderr)
     return cluster, True
 
 
@@ -902,12 +919,15 @@ def report_data(
 ) -> dict[str, Any]:
     opts = cluster.load().get("options", {})
     qps = opts.get("scheduler_qps")
+    batch = opts.get("endpoint_batch_seconds")
     return {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "cluster": (
             f"sim profile, 1.36.2 apiserver/controller-manager/scheduler with default flags "
             f"(apiserver max-requests-inflight 400, max-mutating-requests-inflight 200; "
-            f"controller-manager client QPS default), scheduler client QPS "
+            f"controller-manager client QPS default"
+            f"{f', endpoint and endpointslice updates batched {batch:g} s' if batch else ''}"
+            "), scheduler client QPS "
             f"{qps or 'default (50, burst 100)'}"
             f"{f', burst {2 * qps}' if qps else ''}; KWOK nodes of {PODS_PER_NODE} pods; "
             "controller: 4 reconcile workers, default flags"
@@ -917,6 +937,7 @@ def report_data(
             "start_delay_s": settings.start_delay,
             "reps": settings.reps,
             "scheduler_qps": qps,
+            "endpoint_batch_s": batch,
             "floor_concurrency": FLOOR_CONCURRENCY,
         },
         "goals": {
@@ -933,6 +954,7 @@ def write_results(
 ) -> dict[str, Path | None]:
     """The JSON, the markdown report and the PNG plot, side by side in `directory`."""
     name = settings.name + (f"-qps{settings.scheduler_qps}" if settings.scheduler_qps else "")
+    name += f"-epbatch{settings.endpoint_batch:g}" if settings.endpoint_batch else ""
     directory.mkdir(parents=True, exist_ok=True)
     md_path = directory / f"{name}.md"
     md_path.write_text(report(settings, data, data["results"]))
@@ -984,6 +1006,14 @@ def main() -> int:
         help="raise the scheduler's client QPS (burst 2x) for a second set of figures",
     )
     p.add_argument(
+        "--endpoint-batch",
+        type=float,
+        metavar="SECONDS",
+        help="batch the controller-manager's Endpoints/EndpointSlice updates (default: not "
+        "batched): every pod change behind the gang's headless Service costs those "
+        "controllers a pass over all N pods",
+    )
+    p.add_argument(
         "--modes",
         default=",".join(MODES),
         help=f"measurements to take, comma-separated (default: all of {','.join(MODES)})",
@@ -1000,7 +1030,8 @@ def main() -> int:
     settings = Settings(
         sizes=sizes, reps=a.reps, restart_delay=a.restart_delay, start_delay=a.start_delay,
         modes=modes,
-        scheduler_qps=a.scheduler_qps, cluster=a.cluster, keep=a.keep,
+        scheduler_qps=a.scheduler_qps, endpoint_batch=a.endpoint_batch,
+        cluster=a.cluster, keep=a.keep,
     )  # fmt: skip
     return asyncio.run(run(settings))
 

@@ -45,6 +45,11 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         help="how long the node controller waits before marking a silent node NotReady",
     )
+    u.add_argument(
+        "--endpoint-batch-seconds",
+        type=float,
+        help="batch the controller-manager's Endpoints/EndpointSlice updates this long",
+    )
 
     d = sub.add_parser("down", help="stop a cluster and undo its changes to the host")
     d.add_argument("--profile", choices=["sim", "node"], default="sim")
@@ -82,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
                 feature_gates=args.feature_gates,
                 scheduler_qps=args.scheduler_qps,
                 node_monitor_grace_seconds=args.node_monitor_grace_seconds,
+                endpoint_batch_seconds=args.endpoint_batch_seconds,
             )
             kubeconfig = cluster.up(opts, sys.stderr)
             print(f"KUBECONFIG={kubeconfig}")

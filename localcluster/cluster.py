@@ -104,6 +104,10 @@ class Options:
     feature_gates: dict[str, bool] = field(default_factory=dict)
     scheduler_qps: int | None = None
     node_monitor_grace_seconds: int | None = None
+    endpoint_batch_seconds: float | None = None
+    """The controller-manager's Endpoints and EndpointSlice update batching period (default
+    none): every pod change behind a Service costs those controllers a pass over all of its
+    pods, so a large gang restarting at once keeps them busy unless changes are batched."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -114,6 +118,7 @@ class Options:
             "feature_gates": self.feature_gates,
             "scheduler_qps": self.scheduler_qps,
             "node_monitor_grace_seconds": self.node_monitor_grace_seconds,
+            "endpoint_batch_seconds": self.endpoint_batch_seconds,
         }
 
 
@@ -449,6 +454,12 @@ class Cluster:
         ]
         if opts.node_monitor_grace_seconds is not None:
             cmd.append(f"--node-monitor-grace-period={opts.node_monitor_grace_seconds}s")
+        if opts.endpoint_batch_seconds:
+            period = f"{opts.endpoint_batch_seconds:g}s"
+            cmd += [
+                f"--endpoint-updates-batch-period={period}",
+                f"--endpointslice-updates-batch-period={period}",
+            ]
         return cmd
 
     def _scheduler_cmd(self, gate_flags: list[str], opts: Options) -> list[str]:
