@@ -52,6 +52,10 @@ log = logging.getLogger(__name__)
 CONTROLLER_NAME = "gangjob"
 ARRIVAL_COALESCE = 0.05
 """Seconds that pod events carrying only an arrival wait, so that a burst shares one pass."""
+PACE_FROM = 0.02
+"""Seconds of planning from which a gang's next pass waits as long after its last one ended."""
+PACE_MAX = 1.0
+"""The longest such wait."""
 _VOLATILE_META = ("resourceVersion", "managedFields", "annotations")
 LEADER_LABEL = "gangjob.io/arrivals"
 """On the controller's own pod while it leads (value `leader`): the arrival Service selects
@@ -130,10 +134,30 @@ class Manager:
         # When each queued key was first made dirty by a watch event since its last pass: the
         # start of the controller's own share of a restart (gangjob_restart_controller_seconds).
         self._dirty_since: dict[str, float] = {}
+        # A pass over a gang of thousands costs a good part of a second of CPU, and while the
+        # gang restarts its pods change ~100 times a second: back to back, the passes would take
+        # the CPU the apiserver needs for those changes. So a gang whose planning took P
+        # seconds is not planned again until P after its last pass ended (at most half the
+        # controller's time); small gangs (P < PACE_FROM) are not held at all.
+        self._next_pass_at: dict[str, float] = {}
 
-    def _enqueue(self, key: str) -> None:
-        self._dirty_since.setdefault(key, time.monotonic())
-        self.queue.add(key)
+    def _enqueue(self, key: str, after: float = 0.0) -> None:
+        now = time.monotonic()
+        self._dirty_since.setdefault(key, now)
+        delay = max(after, self._next_pass_at.get(key, now) - now)
+        if delay > 0:
+            self.queue.add_after(key, delay)
+        else:
+            self.queue.add(key)
+
+    def _paced(self, key: str, planning_seconds: float) -> float:
+        """Records when `key` may be planned next; returns how long from now."""
+        if planning_seconds < PACE_FROM:
+            self._next_pass_at.pop(key, None)
+            return 0.0
+        pace = min(planning_seconds, PACE_MAX)
+        self._next_pass_at[key] = time.monotonic() + pace
+        return pace
 
     # -- event handlers: map a change to the GangJob keys it concerns ---------------------
     def _on_job(self, event: StoreEvent) -> None:
@@ -143,8 +167,7 @@ class Manager:
     def _enqueue_arrival(self, key: str) -> None:
         # An arrival (annotation or direct report) is one of N during a restart and no failure:
         # arrivals within ARRIVAL_COALESCE share one pass over the gang.
-        self._dirty_since.setdefault(key, time.monotonic())
-        self.queue.add_after(key, ARRIVAL_COALESCE)
+        self._enqueue(key, after=ARRIVAL_COALESCE)
 
     def _on_pod(self, event: StoreEvent) -> None:
         # A worker's arrival (its epoch annotation, nothing else) is one of N during a restart
@@ -181,6 +204,7 @@ class Manager:
         while True:
             key = await self.queue.get()
             since = self._dirty_since.pop(key, None)
+            pace = 0.0
             try:
                 with metrics.track_reconcile(CONTROLLER_NAME) as record:
                     try:
@@ -192,6 +216,7 @@ class Manager:
                         self.queue.add_rate_limited(key)
                         raise
                     self.queue.forget(key)
+                    pace = self._paced(key, outcome.planning_seconds)
                     if since is not None:
                         self._report_share(key, since, outcome)
                     if outcome.requeue_after is not None:
@@ -201,7 +226,8 @@ class Manager:
                 level = logging.DEBUG if isinstance(e, Conflict) else logging.ERROR
                 log.log(level, "reconcile %s failed: %s", key, e, exc_info=level >= logging.ERROR)
             finally:
-                self.queue.done(key)
+                # Events during the pass queue the key again, once the pace allows.
+                self.queue.done(key, pace)
 
     @staticmethod
     def _report_share(key: str, since: float, outcome: Outcome) -> None:

@@ -198,13 +198,17 @@ class WorkQueue(Generic[K]):
                     self._getters.remove(waiter)
                 raise
 
-    def done(self, key: K) -> None:
-        """Processing of `key` ended; if it was added meanwhile, it is queued again now."""
+    def done(self, key: K, requeue_after: float = 0.0) -> None:
+        """Processing of `key` ended; if it was added meanwhile, it is queued again now, or
+        `requeue_after` seconds from now (an add before then still queues it at once)."""
         self._processing.discard(key)
         started = self._started_at.pop(key, None)
         if started is not None:
             self._work_duration.observe(self._clock.now() - started)
-        if key in self._dirty:
+        if key in self._dirty and requeue_after > 0:
+            self._dirty.discard(key)
+            self.add_after(key, requeue_after)
+        elif key in self._dirty:
             self._queue.append(key)
             self._depth.set(len(self._queue))
             self._wake_one()

@@ -145,6 +145,8 @@ class Outcome:
     barrier_opened: bool = False
     """This pass wrote `status.barrierEpoch` for a restart (its last worker arrived)."""
     events: list[EventSpec] = field(default_factory=list)
+    planning_seconds: float = 0.0
+    """Observe + plan: the pass's own CPU work, which grows with the gang (no awaits in it)."""
 
 
 class Reconciler:
@@ -203,6 +205,7 @@ class Reconciler:
             return Outcome()
         ns, name = key.split("/", 1)
         with tracing.reconcile_span(self.tracer, ns, name):
+            started = time.perf_counter()
             try:
                 observed = self.observe(obj)
             except pydantic.ValidationError as e:
@@ -211,7 +214,10 @@ class Reconciler:
                 log.error("GangJob %s does not parse; not reconciling it: %s", key, e)
                 return Outcome()
             decided = plan(observed, self.config)
-            return await self.act(observed.job, obj, decided)
+            planning = time.perf_counter() - started
+            outcome = await self.act(observed.job, obj, decided)
+            outcome.planning_seconds = planning
+            return outcome
 
     async def act(self, job: GangJob, obj: JsonDict, decided: Plan) -> Outcome:
         ns, name = job.metadata.namespace, job.metadata.name

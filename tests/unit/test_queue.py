@@ -71,6 +71,32 @@ def test_add_after_waits_for_the_clock() -> None:
     assert q.waiting == 0
 
 
+def test_done_can_requeue_a_key_added_meanwhile_after_a_delay() -> None:
+    q, clock = new_queue()
+    q.add("a")
+    assert q.get_nowait() == "a"
+    q.add("a")  # an event while "a" is processed
+    q.done("a", requeue_after=0.5)
+    assert len(q) == 0
+    assert q.waiting == 1
+    clock.advance(0.49)
+    assert q.get_nowait() is None
+    clock.advance(0.02)
+    assert q.get_nowait() == "a"
+    q.done("a", requeue_after=0.5)  # nothing added meanwhile: nothing queued
+    assert (len(q), q.waiting) == (0, 0)
+
+
+def test_an_add_during_the_requeue_delay_queues_at_once() -> None:
+    q, _ = new_queue()
+    q.add("a")
+    assert q.get_nowait() == "a"
+    q.add("a")
+    q.done("a", requeue_after=5.0)
+    q.add("a")
+    assert q.get_nowait() == "a"
+
+
 def test_add_after_keeps_the_earliest_time() -> None:
     q, clock = new_queue()
     q.add_after("a", 5.0)

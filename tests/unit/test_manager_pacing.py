@@ -1,0 +1,71 @@
+"""The manager paces the passes of a large gang: events during a pass queue the gang again only
+as long after the pass as its planning took, so that back-to-back passes over thousands of pods
+do not take the CPU the apiserver needs while they restart. Small gangs are never held."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import cast
+
+from controller.kube import Kube
+from controller.manager import PACE_MAX, Manager, Settings
+from controller.reconcile import Outcome
+
+KEY = "ml/llama"
+
+
+class ScriptedReconciler:
+    """Each pass takes the next planning time; the first pass also sees a watch event."""
+
+    def __init__(self, manager: Manager, planning: list[float]) -> None:
+        self.manager = manager
+        self.planning = planning
+        self.ended: list[float] = []
+        self.started: list[float] = []
+        self.all_ran = asyncio.Event()
+
+    async def reconcile(self, key: str) -> Outcome:
+        self.started.append(time.monotonic())
+        if len(self.started) == 1:
+            self.manager._enqueue(key)  # a pod changed while the gang is planned
+        outcome = Outcome(planning_seconds=self.planning[len(self.started) - 1])
+        self.ended.append(time.monotonic())
+        if len(self.ended) == len(self.planning):
+            self.all_ran.set()
+        return outcome
+
+
+async def passes(planning: list[float]) -> ScriptedReconciler:
+    manager = Manager(cast(Kube, object()), Settings(metrics_address=None, health_address=None))
+    script = ScriptedReconciler(manager, planning)
+    manager.reconciler = script  # type: ignore[assignment]
+    worker = asyncio.create_task(manager._worker())
+    try:
+        manager._enqueue(KEY)
+        async with asyncio.timeout(10):
+            await script.all_ran.wait()
+    finally:
+        worker.cancel()
+    return script
+
+
+async def test_a_large_gang_is_planned_again_only_its_planning_time_after_a_pass() -> None:
+    script = await passes([0.3, 0.001])
+    assert len(script.started) == 2
+    assert script.started[1] - script.ended[0] >= 0.3
+
+
+async def test_a_small_gang_is_planned_again_at_once() -> None:
+    manager = Manager(cast(Kube, object()), Settings(metrics_address=None, health_address=None))
+    assert manager._paced(KEY, 0.005) == 0.0
+    manager._enqueue(KEY)
+    assert (len(manager.queue), manager.queue.waiting) == (1, 0)
+
+
+async def test_events_after_a_pass_wait_for_the_pace_too_and_it_is_capped() -> None:
+    manager = Manager(cast(Kube, object()), Settings(metrics_address=None, health_address=None))
+    assert manager._paced(KEY, 30.0) == PACE_MAX
+    manager._enqueue(KEY)
+    manager._enqueue_arrival(KEY)
+    assert (len(manager.queue), manager.queue.waiting) == (0, 1)
