@@ -822,13 +822,14 @@ def report(settings: Settings, meta: dict[str, Any], results: list[dict[str, Any
         "",
     ]
     for res in results:
+        by_annotation = res.get("recreate_over_in_place_annotation")
         parts += [
             f"## N = {res['workers']}",
             "",
             f"Gang startup: {res['startup_s']} s; controller RSS max "
             f"{res['controller_rss_max_mib']} MiB; Recreate / in-place = "
-            f"**{res['recreate_over_in_place']}x** (by annotation: "
-            f"{res.get('recreate_over_in_place_annotation')}x)",
+            f"**{res['recreate_over_in_place']}x**"
+            + (f" (by annotation: {by_annotation}x)" if by_annotation is not None else ""),
             "",
             size_table(res),
             "",
