@@ -258,19 +258,22 @@ class SimKubelet:
             },
         }
         path_sa = f"/api/v1/namespaces/{self.namespace}/serviceaccounts/{sa}/token"
-        delay = 0.1
-        async with self._kubelet_slots:
-            for _ in range(30):
-                try:
+        delay, error = 0.1, None
+        for _ in range(30):
+            try:
+                # A slot per attempt, not across the waits between them: one pod's retries
+                # must not hold up every other pod's kubelet.
+                async with self._kubelet_slots:
                     answer = await self.api.post(path_sa, body)
-                    break
-                except ClientError as e:  # the SA may not exist yet; overload
-                    log.debug("token for %s not issued (%s); retrying", pod["metadata"]["name"], e)
-                await asyncio.sleep(delay)
-                delay = min(2.0, delay * 2)
-            else:
-                log.error("no token for %s: its agent will arrive by annotation", uid)
-                return
+                break
+            except ClientError as e:  # the SA may not exist yet; overload
+                error = e
+                log.debug("token for %s not issued (%s); retrying", pod["metadata"]["name"], e)
+            await asyncio.sleep(delay)
+            delay = min(2.0, delay * 2)
+        else:
+            log.error("no token for %s (%s): its agent will arrive by annotation", uid, error)
+            return
         _write(path, answer.get("status", {}).get("token", ""))
         self._tokens[uid] = path
 
@@ -316,11 +319,12 @@ class SimKubelet:
     async def _patch_status(self, name: str, mutate: Callable[[JsonDict], None]) -> None:
         """A status write as the kubelet makes it: conditional on the pod version it started
         from (the watch's copy first, a fresh read after a conflict), retried on overload."""
-        async with self._kubelet_slots:
-            pod: JsonDict | None = self.pods.get(name)
-            delay = 0.05
-            for _ in range(40):
-                try:
+        pod: JsonDict | None = self.pods.get(name)
+        delay = 0.05
+        for _ in range(40):
+            try:
+                # A slot per attempt (see _ensure_token).
+                async with self._kubelet_slots:
                     if pod is None:
                         pod = await self.api.get(f"{self.pods_path}/{name}")
                     status = copy.deepcopy(pod.get("status", {}))
@@ -328,19 +332,19 @@ class SimKubelet:
                     patch = {"metadata": {"resourceVersion": pod["metadata"]["resourceVersion"]},
                              "status": status}  # fmt: skip
                     await self.api.merge_patch(f"{self.pods_path}/{name}/status", patch)
+                return
+            except ApiError as e:
+                if e.status == 404:
                     return
-                except ApiError as e:
-                    if e.status == 404:
-                        return
-                    if e.status == 409:
-                        pod = None  # read it again
-                        continue
-                    if e.status not in (429, 500, 503, 504):
-                        raise
-                except ClientError as e:  # a transport error under load
-                    log.debug("status of %s not written (%s); retrying", name, e)
-                await asyncio.sleep(delay)
-                delay = min(1.0, delay * 2)
+                if e.status == 409:
+                    pod = None  # read it again
+                    continue
+                if e.status not in (429, 500, 503, 504):
+                    raise
+            except ClientError as e:  # a transport error under load
+                log.debug("status of %s not written (%s); retrying", name, e)
+            await asyncio.sleep(delay)
+            delay = min(1.0, delay * 2)
 
     async def _restart_all(self, w: Worker, why: str) -> None:
         """KEP-5532: every container of the pod restarts; same pod, UID, IP and volumes."""
