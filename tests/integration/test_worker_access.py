@@ -113,10 +113,10 @@ async def refused(
     return caught.value
 
 
-async def policy_in_force(kube: Kube, namespace: str, timeout: float = 30.0) -> None:
+async def policy_in_force(kube: Kube, namespace: str, timeout: float = 90.0) -> None:
     """A policy just created (or changed) takes a moment to reach the apiserver's admission:
     probe with a patch it refuses until it refuses it as this version says. A probe that gets
-    through only sets a label."""
+    through only sets a label. Usually a second or two; once, in a full CI run, more than 30 s."""
     deadline = time.monotonic() + timeout
     last = "(no answer)"
     while time.monotonic() < deadline:
