@@ -27,8 +27,9 @@ benchmarks/results/restart_scale[-qpsQ][-epbatchS].{json,md,png}.
 
 Every worker is behind the gang's headless Service, so each pod status change costs the
 controller-manager's Endpoints and EndpointSlice controllers a pass over all N pods: at N=5000
-they take a core of this 2-core machine while a gang restarts. `--endpoint-batch` gives the
-figures with those updates batched, as an operator of large gangs would set it.
+the controller-manager took 20-27% of a core on average (a whole core at moments) while a gang
+restarted. `--endpoint-batch` gives the figures with those updates batched, as an operator of
+large gangs would set it.
 """
 
 from __future__ import annotations
@@ -876,8 +877,8 @@ def ensure_cluster(settings: Settings) -> tuple[Cluster, bool]:
     )
     if cluster.is_up():
         opts = cluster.load().get("options", {})
-        keys = ("scheduler_qps", "endpoint_batch_seconds")
-        if all(opts.get(k) == want.to_json()[k] for k in keys):
+        wanted = want.to_json()
+        if all(opts.get(k) == wanted[k] for k in ("scheduler_qps", "endpoint_batch_seconds")):
             return cluster, False
         print(f"restarting cluster {cluster.name!r} for scheduler QPS "
               f"{settings.scheduler_qps}, endpoint batching {settings.endpoint_batch}",
