@@ -62,6 +62,7 @@ from localcluster.tools import ControllerProcess, controller_kubeconfig, install
 PODS_PER_NODE = 250
 FLOOR_CONCURRENCY = 32
 BENCH_LABEL = "gangjob-bench"
+BULK_TAINT = "gangjob-bench/bulk"
 POLL = 0.05
 # The goals of issue 5, printed beside the results and never asserted.
 GOAL_RATIO_AT = 5000
@@ -292,7 +293,8 @@ def gangjob(name: str, ns: str, replicas: int, mode: str) -> JsonDict:
 
 async def make_nodes(w: World) -> None:
     """Nodes of this size only: enough of 250 pods for N plus the recreated, and one node of a
-    single pod per repetition of node-lost (so losing it loses exactly one worker)."""
+    single pod per repetition of node-lost (so losing it loses exactly one worker), which the
+    scheduler fills first."""
     bulk = math.ceil(w.n / PODS_PER_NODE) + 1
     short = w.ns[-6:]
     specs = [(f"bench-{short}-b{i}", PODS_PER_NODE) for i in range(bulk)]
@@ -300,6 +302,11 @@ async def make_nodes(w: World) -> None:
     for name, pods in specs:
         node = kwok_node(name, Options(pods_per_node=pods))
         node["metadata"]["labels"][BENCH_LABEL] = w.ns
+        if pods != 1:
+            # The scheduler then fills the single-pod nodes first (TaintToleration scores an
+            # untainted node above one with a PreferNoSchedule taint it does not tolerate), so
+            # each holds a worker; without it which node gets a worker is the scheduler's tie-break.
+            node["spec"] = {"taints": [{"key": BULK_TAINT, "effect": "PreferNoSchedule"}]}
         await w.kube.create(NODES, node)
         w.nodes.append(name)
     w.victims = [n for n, p in specs if p == 1]
