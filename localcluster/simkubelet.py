@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 JsonDict = dict[str, Any]
 AGENT_CONTAINER = "gangjob-agent"
 SYNTHETIC_EXIT = {"exitCode": 137, "reason": "RestartingAllContainers"}
+LIST_PAGE = 500
+"""Pods per page of the pod list (see `SimKubelet._list`)."""
 # The stand-in trainer of Process mode: runs until `crash` appears in its dir, then exits with
 # the code written there (the file is removed so the next run starts clean).
 SIM_TRAINER = [
@@ -91,6 +93,8 @@ class Worker:
     name: str
     mode: Mode
     dir: Path
+    uid: str = ""
+    """The pod's UID: the kubelet's writes are for this pod, never a later one of its name."""
     agent: Agent | None = None
     task: asyncio.Task[int] | None = None
     restarts: int = 0
@@ -150,10 +154,8 @@ class SimKubelet:
         params = {"labelSelector": "gangjob.io/name"}
         while True:
             try:
-                listed = await self.api.get(self.pods_path, params)
-                for pod in listed.get("items", []):
-                    self._seen(pod)
-                rv = listed.get("metadata", {}).get("resourceVersion", "")
+                items, rv = await self._list(params)
+                self._relisted(items)
                 query = {**params, "resourceVersion": rv, "allowWatchBookmarks": "true"}
                 stream = self.api.watch(self.pods_path, query, inactivity_timeout=90.0)
                 async with contextlib.aclosing(stream):
@@ -165,6 +167,31 @@ class SimKubelet:
             except (ClientError, OSError) as e:
                 log.warning("simkubelet watch broke (%s); listing again", e)
                 await asyncio.sleep(0.5)
+
+    async def _list(self, params: dict[str, str]) -> tuple[list[JsonDict], str]:
+        """Every gang pod, in pages as a kubelet's informer lists them: one LIST of 5000 pods
+        on a saturated apiserver outlasts its 60 s request timeout; a page of 500 does not."""
+        items: list[JsonDict] = []
+        cont = ""
+        while True:
+            query = {**params, "limit": str(LIST_PAGE), **({"continue": cont} if cont else {})}
+            page = await self.api.get(self.pods_path, query)
+            items += page.get("items", [])
+            meta = page.get("metadata", {})
+            cont = meta.get("continue", "")
+            if not cont:
+                return items, meta.get("resourceVersion", "")
+
+    def _relisted(self, items: list[JsonDict]) -> None:
+        """A fresh list replaces what the watch had: a pod cached but not listed was deleted
+        while no watch was open (its DELETED event is lost with the old watch), so it goes now,
+        and its agent with it."""
+        listed = {p["metadata"]["uid"] for p in items}
+        for pod in list(self.pods.values()):
+            if pod["metadata"]["uid"] not in listed:
+                self._gone(pod)
+        for pod in items:
+            self._seen(pod)
 
     def _seen(self, pod: JsonDict) -> None:
         name = pod["metadata"]["name"]
@@ -203,7 +230,7 @@ class SimKubelet:
         job = pod["metadata"]["labels"]["gangjob.io/name"]
         wdir = self._root / name
         wdir.mkdir(parents=True, exist_ok=True)
-        w = self.workers.get(name) or Worker(name, pod_mode(pod), wdir)
+        w = self.workers.get(name) or Worker(name, pod_mode(pod), wdir, uid)
         self.workers[name] = w
         config = Config(
             job_name=job,
@@ -316,10 +343,14 @@ class SimKubelet:
         task.add_done_callback(self._tasks.discard)
 
     # -- what the real kubelet would do --------------------------------------------------
-    async def _patch_status(self, name: str, mutate: Callable[[JsonDict], None]) -> None:
-        """A status write as the kubelet makes it: conditional on the pod version it started
-        from (the watch's copy first, a fresh read after a conflict), retried on overload."""
+    async def _patch_status(self, name: str, uid: str, mutate: Callable[[JsonDict], None]) -> None:
+        """A status write as the kubelet makes it: for the pod of this UID only, conditional on
+        the pod version it started from (the watch's copy first, a fresh read after a
+        conflict), retried on overload. A pod of the name but another UID is a recreated
+        worker: this pod is gone, and nothing is written."""
         pod: JsonDict | None = self.pods.get(name)
+        if pod is not None and pod["metadata"]["uid"] != uid:
+            pod = None  # the watch's copy is of another pod: only the apiserver can say which
         delay = 0.05
         for _ in range(40):
             try:
@@ -327,6 +358,8 @@ class SimKubelet:
                 async with self._kubelet_slots:
                     if pod is None:
                         pod = await self.api.get(f"{self.pods_path}/{name}")
+                    if pod["metadata"]["uid"] != uid:
+                        return
                     status = copy.deepcopy(pod.get("status", {}))
                     mutate(status)
                     patch = {"metadata": {"resourceVersion": pod["metadata"]["resourceVersion"]},
@@ -374,7 +407,7 @@ class SimKubelet:
                     c["state"] = {"waiting": {"reason": "PodInitializing"}}
                     c["ready"] = False
 
-        await self._patch_status(w.name, restarting)
+        await self._patch_status(w.name, w.uid, restarting)
         w.written["restarting"] = time.monotonic()
         await asyncio.sleep(self.restart_delay)  # the kubelet's restart, as measured
         if self.workers.get(w.name) is not w or w.lost:
@@ -396,7 +429,7 @@ class SimKubelet:
                     c["ready"] = True
                     c["started"] = True
 
-        await self._patch_status(w.name, running)
+        await self._patch_status(w.name, w.uid, running)
         w.written["running"] = time.monotonic()
         w.restarts += 1
         pod = self.pods.get(w.name)
@@ -434,7 +467,7 @@ class SimKubelet:
                     c["state"] = {"terminated": {**term, "startedAt": stamp, "finishedAt": stamp}}
                     c["ready"] = False
 
-        await self._patch_status(name, failed)
+        await self._patch_status(name, w.uid, failed)
         w.written["failed"] = time.monotonic()
 
     def lose(self, name: str) -> None:
