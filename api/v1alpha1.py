@@ -581,13 +581,25 @@ class RestartRecord(_Model):
         default=None, ge=0, description="`barrierOpenAt` - `detectedAt`, in seconds."
     )
     recreated: list[int] = Field(
-        default_factory=list, description="Ranks of the workers recreated by this restart."
+        default_factory=list,
+        description="Ranks of the workers recreated by this restart; empty when "
+        "`recreatedAll` is set.",
+    )
+    recreated_all: bool | None = Field(
+        default=None,
+        description="Every worker was recreated by this restart (`Recreate` mode), and "
+        "`recreated` does not list them: every agent watches this object, so its size is paid "
+        "once per agent on every write. Unset: only those in `recreated`.",
     )
     counted: bool | None = Field(
         default=None,
         description="Whether this restart counted against `spec.restart.maxRestarts`; "
         "consecutive counted restarts double `spec.restart.backoffSeconds`. Unset: it did not.",
     )
+
+    def recreated_ranks(self, replicas: int) -> list[int]:
+        """The ranks this restart recreated, whichever way the record holds them."""
+        return list(range(replicas)) if self.recreated_all else list(self.recreated)
 
 
 # metav1.Condition's validation, so that our conditions read like every other resource's.

@@ -670,8 +670,8 @@ def _bump(p: _Pass, restarting: list[Decision], counted: bool) -> None:
             action=trigger.action,
         ),
         detected_at=p.now,
-        recreated=sorted(recreated),
         counted=counted or None,
+        **_recreated_fields(recreated, p.job.spec.replicas),
     )
     if p.last_restart is not None and p.last_restart.barrier_open_at is None:
         # Superseded before its barrier opened: the history keeps it, unfinished.
@@ -689,7 +689,7 @@ def _bump(p: _Pass, restarting: list[Decision], counted: bool) -> None:
         f"{trigger.failure_class}: {detail}"
     )
     if recreated:
-        message += f"; recreating worker(s) {sorted(recreated)}"
+        message += f"; recreating {_ranks_text(recreated, p.job.spec.replicas)}"
     p.phase = Phase.RESTARTING
     p.set_condition(ConditionType.RESTARTING, ConditionStatus.TRUE, trigger.failure_class, message)
     p.events.append(EventSpec("Warning", REASON_GANG_RESTARTING, message))
@@ -734,7 +734,7 @@ def _delete_recreated(p: _Pass) -> bool:
     last = p.last_restart
     if last is None or last.epoch != p.epoch:
         return False
-    for rank in last.recreated:
+    for rank in last.recreated_ranks(p.job.spec.replicas):
         pod = p.gang.live.get(rank)
         # The pod created for the restart is at its epoch; any older one is to go.
         if pod is not None and (pod.created_epoch is None or pod.created_epoch < p.epoch):
@@ -777,9 +777,11 @@ def _recreate_worker(
     rank = failure.worker
     # Recorded once per rank and restart: a pass over the same pods (a delete not yet seen)
     # must neither count nor announce it again.
-    if last is None or rank in last.recreated:
+    if last is None or last.recreated_all or rank in last.recreated:
         return
-    p.last_restart = last.model_copy(update={"recreated": sorted({*last.recreated, rank})})
+    p.last_restart = last.model_copy(
+        update=_recreated_fields({*last.recreated, rank}, p.job.spec.replicas)
+    )
     r = p.restarts
     p.restarts = r.model_copy(update={"recreated_workers": r.recreated_workers + 1})
     p.acted.append(Decision(failure, FailureAction.RECREATE_WORKER, counted=False))
@@ -949,6 +951,26 @@ def _restarting(decisions: Sequence[Decision]) -> list[Decision]:
         for d in decisions
         if d.action in (FailureAction.RESTART_GANG, FailureAction.RECREATE_WORKER)
     ]
+
+
+def _recreated_fields(ranks: set[int], replicas: int) -> dict[str, Any]:
+    """A restart record's `recreated`/`recreatedAll`: every agent watches the GangJob, so a
+    gang of 5000 all recreated is one flag, not 5000 ranks in every write they all receive."""
+    if ranks >= set(range(replicas)):
+        return {"recreated": [], "recreated_all": True}
+    return {"recreated": sorted(ranks), "recreated_all": None}
+
+
+RANKS_SHOWN: Final = 10
+"""Ranks a message lists before it says how many more: messages are read by people."""
+
+
+def _ranks_text(ranks: set[int], replicas: int) -> str:
+    if ranks >= set(range(replicas)):
+        return f"all {replicas} workers"
+    shown = sorted(ranks)[:RANKS_SHOWN]
+    more = len(ranks) - len(shown)
+    return f"worker(s) {shown}" + (f" and {more} more" if more else "")
 
 
 def _worker(p: _Pass, rank: int | None) -> str:

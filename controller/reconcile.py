@@ -281,7 +281,7 @@ class Reconciler:
                 mode=mode,
                 detected_at=done.detected_at,
                 barrier_open_at=done.barrier_open_at,
-                recreated=done.recreated,
+                recreated=done.recreated_ranks(job.spec.replicas),
                 trigger_worker=done.trigger.worker,
             )
             log.info(

@@ -6,6 +6,7 @@ and the mode fallback. Every scenario is also replanned over its own outcome: no
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -21,8 +22,9 @@ from api.v1alpha1 import (
     RestartMode,
     RestartRecord,
     RestartTrigger,
+    dump_status,
 )
-from controller.plan import EventSpec, Observed, Plan, PodDelete, finish_pod, plan
+from controller.plan import EventSpec, Observed, Plan, PodDelete, _ranks_text, finish_pod, plan
 from controller.views import NodeView
 from tests.unit.builders import T0, TEMPLATE, make_job, make_node, make_pod, with_status
 from tests.unit.test_plan import carry_out, condition, names, observe
@@ -351,10 +353,39 @@ def test_recreate_mode_recreates_every_worker() -> None:
     status = running_status().model_copy(update={"mode": RestartMode.RECREATE})
     observed = gang(pods=pods, status=status, restart={"mode": "Recreate"})
     result = plan(observed)
-    assert record(result).recreated == [0, 1, 2]
+    assert record(result).recreated_all
+    assert record(result).recreated_ranks(3) == [0, 1, 2]
     assert [d.name for d in result.delete_pods] == ["llama-0", "llama-1", "llama-2"]
     assert result.status.restarts == RestartCounts(total=1, counted=1, recreated_workers=3)
     replan(observed, result)
+
+
+def test_a_recreate_of_a_large_gang_keeps_the_status_small() -> None:
+    # Every agent watches the GangJob and receives the whole object on every write: 5000 ranks
+    # listed in the record and in the condition made it ~58 KB, decoded 5000 times per write.
+    n = 5000
+    pods = [worker(r, 0) for r in range(n)]
+    crashed(pods[7])
+    status = running_status().model_copy(update={"mode": RestartMode.RECREATE})
+    observed = gang(n, pods=pods, status=status, restart={"mode": "Recreate"})
+    result = plan(observed)
+
+    assert len(result.delete_pods) == n
+    assert record(result).recreated_ranks(n) == list(range(n))
+    restarting = condition(result, ConditionType.RESTARTING)
+    assert restarting is not None
+    assert "recreating all 5000 workers" in restarting[2]
+    assert len(json.dumps(dump_status(result.status))) < 2048
+    # A delete not yet seen is asked again, from the status alone.
+    assert len(plan(carry_out(observed, result, deletions=False)).delete_pods) == n
+
+
+def test_a_message_names_the_first_recreated_ranks_and_counts_the_rest() -> None:
+    assert _ranks_text({3}, 8) == "worker(s) [3]"
+    assert _ranks_text(set(range(2, 20)), 40) == (
+        "worker(s) [2, 3, 4, 5, 6, 7, 8, 9, 10, 11] and 8 more"
+    )
+    assert _ranks_text(set(range(40)), 40) == "all 40 workers"
 
 
 def test_a_worker_below_the_epoch_that_cannot_restart_in_place_is_recreated_without_a_bump() -> (
