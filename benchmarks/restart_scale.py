@@ -449,7 +449,8 @@ async def measure_restart(
         "seconds": round(marks["barrier"] - marks["visible"], 3),
         "steps": steps,
         "controller_duration_s": last.get("durationSeconds"),
-        "recreated": last.get("recreated"),
+        # Every rank, when the status says all were (it does not list them then).
+        "recreated": list(range(w.n)) if last.get("recreatedAll") else last.get("recreated"),
         "trigger": (last.get("trigger") or {}).get("class"),
         "controller": ctl,
     }

@@ -45,6 +45,8 @@ async def test_restart_scale_runs_every_mode_and_writes_a_report(
     node_lost = [r for r in res["runs"] if r["mode"] == "node-lost"]
     assert node_lost[0]["trigger"] == "NodeLost"
     assert len(node_lost[0]["recreated"]) == 1
+    recreate = [r for r in res["runs"] if r["mode"] == "recreate"]
+    assert recreate[0]["recreated"] == [0, 1, 2]  # the status says all, not each
 
     paths = write_results(settings, data, tmp_path)
     assert json.loads(paths["json"].read_text())["results"][0]["workers"] == 3  # type: ignore[union-attr]
