@@ -52,6 +52,7 @@ from typing import Any
 
 from agent.agent import Step
 from agent.apiclient import ApiError, HttpClient, ssl_context
+from api.v1alpha1 import RestartRecord
 from benchmarks.common import RESULTS, Progress, cpu_seconds, markdown_table, rss_mib, write_json
 from benchmarks.plot import plot_lines
 from controller.kube import GANGJOBS, NAMESPACES, NODES, JsonDict, Kube, NotFound
@@ -449,8 +450,7 @@ async def measure_restart(
         "seconds": round(marks["barrier"] - marks["visible"], 3),
         "steps": steps,
         "controller_duration_s": last.get("durationSeconds"),
-        # Every rank, when the status says all were (it does not list them then).
-        "recreated": list(range(w.n)) if last.get("recreatedAll") else last.get("recreated"),
+        "recreated": RestartRecord.model_validate(last).recreated_ranks(w.n) if last else None,
         "trigger": (last.get("trigger") or {}).get("class"),
         "controller": ctl,
     }

@@ -956,7 +956,7 @@ def _restarting(decisions: Sequence[Decision]) -> list[Decision]:
 def _recreated_fields(ranks: set[int], replicas: int) -> dict[str, Any]:
     """A restart record's `recreated`/`recreatedAll`: every agent watches the GangJob, so a
     gang of 5000 all recreated is one flag, not 5000 ranks in every write they all receive."""
-    if ranks >= set(range(replicas)):
+    if _every_rank(ranks, replicas):
         return {"recreated": [], "recreated_all": True}
     return {"recreated": sorted(ranks), "recreated_all": None}
 
@@ -965,8 +965,12 @@ RANKS_SHOWN: Final = 10
 """Ranks a message lists before it says how many more: messages are read by people."""
 
 
+def _every_rank(ranks: set[int], replicas: int) -> bool:
+    return ranks >= set(range(replicas))
+
+
 def _ranks_text(ranks: set[int], replicas: int) -> str:
-    if ranks >= set(range(replicas)):
+    if _every_rank(ranks, replicas):
         return f"all {replicas} workers"
     shown = sorted(ranks)[:RANKS_SHOWN]
     more = len(ranks) - len(shown)

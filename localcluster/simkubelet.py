@@ -93,7 +93,7 @@ class Worker:
     name: str
     mode: Mode
     dir: Path
-    uid: str = ""
+    uid: str
     """The pod's UID: the kubelet's writes are for this pod, never a later one of its name."""
     agent: Agent | None = None
     task: asyncio.Task[int] | None = None
