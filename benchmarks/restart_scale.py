@@ -89,6 +89,8 @@ class Settings:
     keep: bool = False
     name: str = "restart_scale"
     results_dir: Path = RESULTS
+    rep_limit_s: float | None = None
+    """A repetition's time limit, overriding the one that grows with N (tests use it)."""
 
 
 # -- watching ---------------------------------------------------------------------------------
@@ -168,6 +170,23 @@ def polled(cond: Callable[[], bool]) -> Check:
     return lambda: time.monotonic() if cond() else None
 
 
+class NotReached(TimeoutError):
+    """Milestones still missing when their time limit ran out; `reached` has the others."""
+
+    def __init__(self, timeout: float, reached: dict[str, float], missing: list[str], state: str):
+        super().__init__(f"not reached in {timeout:.0f}s: {missing}; {state}")
+        self.timeout, self.reached, self.missing, self.state = timeout, reached, missing, state
+
+
+class Unfinished(Exception):
+    """A repetition that overran its limit. Its row says how far it got; the run records it
+    and goes on with the next gang, since this gang's state is no longer known."""
+
+    def __init__(self, row: dict[str, Any]):
+        super().__init__(f"{row['mode']} #{row['rep'] + 1} unfinished")
+        self.row = row
+
+
 async def milestones(
     checks: dict[str, Check], timeout: float, progress: Progress, state: Callable[[], str]
 ) -> dict[str, float]:
@@ -183,8 +202,7 @@ async def milestones(
         if len(reached) == len(checks):
             return reached
         if time.monotonic() > deadline:
-            missing = [n for n in checks if n not in reached]
-            raise TimeoutError(f"not reached in {timeout:.0f}s: {missing}; {state()}")
+            raise NotReached(timeout, reached, [n for n in checks if n not in reached], state())
         progress.tick(state())
         await asyncio.sleep(POLL)
 
@@ -432,10 +450,17 @@ async def measure_restart(
     state: Callable[[], str],
 ) -> dict[str, Any]:
     """One restart from epoch E to E+1: inject, wait for every milestone, collect numbers."""
+    timeout = w.settings.rep_limit_s or timeout
     before = CtlSample.take(w.ctl)
     t0 = time.monotonic()
     injected = asyncio.ensure_future(inject())
-    marks = await milestones(checks, timeout, Progress(f"N={w.n} {mode} #{rep + 1}"), state)
+    try:
+        marks = await milestones(checks, timeout, Progress(f"N={w.n} {mode} #{rep + 1}"), state)
+    except NotReached as e:
+        injected.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await injected
+        raise Unfinished(unfinished_row(mode, rep, t0, e, ["injected", *order])) from e
     await injected
     marks["injected"] = t0
     w.sample_rss()
@@ -461,6 +486,24 @@ async def measure_restart(
         file=sys.stderr,
     )
     return row
+
+
+def unfinished_row(
+    mode: str, rep: int, t0: float, e: NotReached, order: list[str]
+) -> dict[str, Any]:
+    """The row of a repetition that overran: the steps it completed and what it waited for."""
+    marks = {**e.reached, "injected": t0}
+    done = [m for m in order if m in marks]
+    return {
+        "mode": mode,
+        "rep": rep,
+        "unfinished": True,
+        "seconds": None,
+        "limit_s": round(e.timeout, 1),
+        "steps": _steps(marks, done),
+        "missing": e.missing,
+        "state": e.state,
+    }
 
 
 async def in_place(
@@ -652,7 +695,6 @@ async def teardown_gang(w: World, name: str) -> None:
 
 
 async def run_size(w: World) -> dict[str, Any]:
-    reps = w.settings.reps
     w.ns = f"bench-rs-{w.n}-{uuid.uuid4().hex[:6]}"
     await w.kube.create(NAMESPACES, {"metadata": {"name": w.ns}})
     print(f"N={w.n}: namespace {w.ns}", file=sys.stderr)
@@ -669,7 +711,6 @@ async def run_size(w: World) -> dict[str, Any]:
         gangs = [("ip", "Pod")] if set(w.settings.modes) - {"recreate"} else []
         if "recreate" in w.settings.modes:
             gangs.append(("rc", "Recreate"))
-        want = w.settings.modes
         for gang, mode in gangs:
             tracker = JobTracker(w.kube, w.ns, gang)
             track_task = asyncio.create_task(tracker.run())
@@ -680,28 +721,14 @@ async def run_size(w: World) -> dict[str, Any]:
                 print(f"  N={w.n} {mode} gang running in {startup[mode]:.1f}s "
                       f"({reqs} controller API requests)", file=sys.stderr)  # fmt: skip
                 await steady(w, tracker, 0)
-                if mode == "Pod":
-                    # The floor first: it times one GangJob write reaching every agent's own
-                    # watch, and the agents of a new gang all watch (later ones, restarted with
-                    # the endpoint, need not).
-                    for rep in range(reps if "floor" in want else 0):
-                        rows.append(await floor(w, tracker, rep, gang))
-                    # Agents report arrivals to the controller (as deployed)...
-                    for rep in range(reps if "in-place" in want else 0):
-                        rows.append(await in_place(w, tracker, rep, gang))
-                    for rep, node in enumerate(w.victims if "node-lost" in want else []):
-                        row = await node_lost(w, tracker, rep, node)
-                        if row is not None:
-                            rows.append(row)
-                    # ... then, side by side, by pod annotation and their own watches (the
-                    # agents restarted from here on get no endpoint).
-                    w.s.arrival_url = None
-                    for rep in range(reps if "in-place-annotation" in want else 0):
-                        rows.append(await in_place(w, tracker, rep, gang, "in-place-annotation"))
+                try:
+                    await measure_gang(w, tracker, gang, mode, rows)
+                except Unfinished as e:
+                    rows.append(e.row)
                     w.s.arrival_url = direct
-                else:
-                    for rep in range(reps):
-                        rows.append(await recreate(w, tracker, rep))
+                    print(f"  N={w.n} {e}: no barrier within {e.row['limit_s']}s "
+                          f"(waiting for {e.row['missing']}; {e.row['state']}); the rest "
+                          f"of gang {gang} is skipped", file=sys.stderr)  # fmt: skip
                 await teardown_gang(w, gang)
             finally:
                 track_task.cancel()
@@ -718,6 +745,35 @@ async def run_size(w: World) -> dict[str, Any]:
         with contextlib.suppress(NotFound):
             await w.kube.delete(NAMESPACES, w.ns)
     return summarize(w, rows, startup)
+
+
+async def measure_gang(
+    w: World, tracker: JobTracker, gang: str, mode: str, rows: list[dict[str, Any]]
+) -> None:
+    """Every measurement asked for on one running gang, appended to `rows` as it is taken."""
+    reps, want, direct = w.settings.reps, w.settings.modes, w.s.arrival_url
+    if mode == "Pod":
+        # The floor first: it times one GangJob write reaching every agent's own
+        # watch, and the agents of a new gang all watch (later ones, restarted with
+        # the endpoint, need not).
+        for rep in range(reps if "floor" in want else 0):
+            rows.append(await floor(w, tracker, rep, gang))
+        # Agents report arrivals to the controller (as deployed)...
+        for rep in range(reps if "in-place" in want else 0):
+            rows.append(await in_place(w, tracker, rep, gang))
+        for rep, node in enumerate(w.victims if "node-lost" in want else []):
+            row = await node_lost(w, tracker, rep, node)
+            if row is not None:
+                rows.append(row)
+        # ... then, side by side, by pod annotation and their own watches (the
+        # agents restarted from here on get no endpoint).
+        w.s.arrival_url = None
+        for rep in range(reps if "in-place-annotation" in want else 0):
+            rows.append(await in_place(w, tracker, rep, gang, "in-place-annotation"))
+        w.s.arrival_url = direct
+    else:
+        for rep in range(reps):
+            rows.append(await recreate(w, tracker, rep))
 
 
 # -- summary ------------------------------------------------------------------------------------
@@ -739,12 +795,15 @@ def _stat(values: Iterable[float | None]) -> dict[str, float] | None:
 def summarize(w: World, rows: list[dict[str, Any]], startup: dict[str, float]) -> dict[str, Any]:
     modes: dict[str, Any] = {}
     for mode in MODES:
-        mine = [r for r in rows if r["mode"] == mode]
-        if not mine:
+        every = [r for r in rows if r["mode"] == mode]
+        if not every:
             continue
-        step_names = list(mine[0]["steps"])
+        mine = [r for r in every if not r.get("unfinished")]
+        step_names = list(max(every, key=lambda r: len(r["steps"]))["steps"])
         modes[mode] = {
             "reps": len(mine),
+            # Repetitions that overran their limit: no time, only that it exceeded the limit.
+            "unfinished_over_s": [r["limit_s"] for r in every if r.get("unfinished")],
             "seconds": _stat(r["seconds"] for r in mine),
             "steps": {s: _stat(r["steps"].get(s) for r in mine) for s in step_names},
             "controller_share_s": {
@@ -756,13 +815,15 @@ def summarize(w: World, rows: list[dict[str, Any]], startup: dict[str, float]) -
             "api_requests_by_method": {
                 m: statistics.median(r["controller"]["requests"].get(m, 0) for r in mine)
                 for m in ("GET", "LIST", "POST", "PATCH", "DELETE")
-            },
+            }
+            if mine
+            else {},
         }
     rc = modes.get("recreate")
 
     def over(mode: str) -> float | None:
         ip = modes.get(mode)
-        if ip and rc and ip["seconds"]["median"]:
+        if ip and rc and ip["seconds"] and rc["seconds"] and ip["seconds"]["median"]:
             return round(float(rc["seconds"]["median"]) / float(ip["seconds"]["median"]), 2)
         return None
 
@@ -782,13 +843,31 @@ def fmt(stat: dict[str, float] | None) -> str:
     return "-" if stat is None else f"{stat['median']:.2f} / {stat['p90']:.2f}"
 
 
+def overran(res: dict[str, Any]) -> str:
+    """A caveat for figures taken over finished repetitions only, or "" if all finished."""
+    over = [
+        f"{mode} {len(m['unfinished_over_s'])} (> {max(m['unfinished_over_s']):g} s)"
+        for mode, m in res["modes"].items()
+        if m.get("unfinished_over_s")
+    ]
+    return f" (finished repetitions only; overran: {', '.join(over)})" if over else ""
+
+
+def reps_text(m: dict[str, Any]) -> str:
+    """Finished repetitions, and any that overran: "2 + 1 unfinished (> 1180 s)"."""
+    over = m.get("unfinished_over_s") or []
+    if not over:
+        return str(m["reps"])
+    return f"{m['reps']} + {len(over)} unfinished (> {max(over):g} s)"
+
+
 def size_table(res: dict[str, Any]) -> str:
     rows = []
     for mode, m in res["modes"].items():
         share = m["controller_share_s"]
         steps = ", ".join(f"{k} {v['median']:.2f}" for k, v in m["steps"].items() if v is not None)
         rows.append([
-            mode, m["reps"], fmt(m["seconds"]), steps,
+            mode, reps_text(m), fmt(m["seconds"]), steps,
             fmt(share["bump"]), fmt(share["barrier"]),
             fmt(m["controller_cpu_s"]), fmt(m["api_requests"]),
         ])  # fmt: skip
@@ -810,7 +889,7 @@ def goals_text(results: list[dict[str, Any]]) -> str:
             f"- N={n}{goal_n}: Recreate / in-place = {res['recreate_over_in_place']}x "
             f"(goal >= {GOAL_RATIO:.0f}x at N={GOAL_RATIO_AT}); controller share "
             f"{total:.2f}s (failure->epoch + last arrival->barrier, medians; goal <= "
-            f"{GOAL_SHARE:.0f}s at N={GOAL_RATIO_AT})"
+            f"{GOAL_SHARE:.0f}s at N={GOAL_RATIO_AT}){overran(res)}"
         )
     return "\n".join(lines)
 
@@ -838,7 +917,8 @@ def report(settings: Settings, meta: dict[str, Any], results: list[dict[str, Any
             f"Gang startup: {res['startup_s']} s; controller RSS max "
             f"{res['controller_rss_max_mib']} MiB; Recreate / in-place = "
             f"**{res['recreate_over_in_place']}x**"
-            + (f" (by annotation: {by_annotation}x)" if by_annotation is not None else ""),
+            + (f" (by annotation: {by_annotation}x)" if by_annotation is not None else "")
+            + overran(res),
             "",
             size_table(res),
             "",
@@ -859,7 +939,7 @@ def write_plot(path: Path, settings: Settings, results: list[dict[str, Any]]) ->
     goal = {
         res["workers"]: res["modes"]["recreate"]["seconds"]["median"] / GOAL_RATIO
         for res in results
-        if "recreate" in res["modes"]
+        if (res["modes"].get("recreate") or {}).get("seconds")
     }
     qps = settings.scheduler_qps or "default"
     batch = f", endpoint batch {settings.endpoint_batch:g} s" if settings.endpoint_batch else ""

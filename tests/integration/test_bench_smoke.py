@@ -57,3 +57,36 @@ async def test_restart_scale_runs_every_mode_and_writes_a_report(
     png = paths["png"]
     if png is not None:  # matplotlib is the optional `bench` extra
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.timeout(120)
+async def test_a_repetition_that_overruns_is_recorded_and_the_run_goes_on(
+    sim_cluster: Cluster, tmp_path: Path
+) -> None:
+    """A long run must not end in its last hour because one repetition overran: the row says
+    how far it got, the gang's other repetitions are skipped, the next gang is measured."""
+    settings = Settings(
+        sizes=[3], reps=2, restart_delay=60.0, start_delay=0.1, name="overrun",
+        results_dir=tmp_path, modes=("in-place", "recreate"), rep_limit_s=4.0,
+    )  # fmt: skip
+    data = await run_on(sim_cluster, settings)
+
+    (res,) = data["results"]
+    runs = {(r["mode"], r["rep"]): r for r in res["runs"]}
+    # The simulated kubelet takes 60 s to restart a pod: the in-place restart cannot finish.
+    unfinished = runs[("in-place", 0)]
+    assert unfinished["unfinished"] is True
+    assert unfinished["limit_s"] == 4.0
+    assert "arrived" in unfinished["missing"]
+    assert "visible->epoch" in unfinished["steps"]  # it got as far as the epoch bump
+    assert ("in-place", 1) not in runs  # the rest of that gang was skipped
+    # The Recreate gang (new pods start in 0.1 s) was still measured.
+    assert runs[("recreate", 0)]["seconds"] > 0
+    in_place = res["modes"]["in-place"]
+    assert in_place["reps"] == 0
+    assert in_place["unfinished_over_s"] == [4.0]
+    assert in_place["seconds"] is None
+    assert res["recreate_over_in_place"] is None
+    md = report(settings, data, data["results"])
+    assert "| in-place | 0 + 1 unfinished (> 4 s) |" in md
+    assert "overran: in-place 1 (> 4 s)" in md
