@@ -233,7 +233,8 @@ class Manager:
     def _report_share(key: str, since: float, outcome: Outcome) -> None:
         for step, done in (("bump", outcome.epoch_bumped), ("barrier", outcome.barrier_opened)):
             if done:
-                took = time.monotonic() - since
+                # To the status write, not the pass's end: a Recreate's deletes come after it.
+                took = (outcome.status_written_at or time.monotonic()) - since
                 metrics.RESTART_STEP.labels(step).observe(took)
                 log.info("gang %s: %s written %.3fs after the watch event", key, step, took)
 

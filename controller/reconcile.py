@@ -140,6 +140,9 @@ class Outcome:
     created: int = 0
     deleted: int = 0
     status_written: bool = False
+    status_written_at: float | None = None
+    """When the status write returned (monotonic): the end of the controller's share of a
+    restart step. The pass goes on after it (deletes, creates, events)."""
     epoch_bumped: bool = False
     """This pass wrote a new `status.epoch` (a restart started)."""
     barrier_opened: bool = False
@@ -229,6 +232,8 @@ class Reconciler:
         # would take those deletions for failures. Every action below is idempotent and planned
         # again from the stored status if this pass dies half-way.
         out.status_written, deferred = await self._write_status(job, obj, decided.status)
+        if out.status_written:
+            out.status_written_at = time.monotonic()
         if deferred is not None:
             after = decided.requeue_after
             out.requeue_after = deferred if after is None else min(after, deferred)

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any, cast
 
+import pytest
+
+from controller import metrics
 from controller.kube import GANGJOBS, NODES, PODS, SERVICES, NotFound
+from controller.manager import Manager
 from controller.plan import Plan, PodDelete
-from controller.reconcile import Caches, Reconciler
+from controller.reconcile import Caches, Outcome, Reconciler
 from controller.store import Store
 from tests.unit.builders import job_dict, make_job
 
@@ -50,3 +55,20 @@ async def test_a_pass_deletes_its_pods_side_by_side_within_the_write_slots() -> 
     assert api.most_in_flight == 4
     assert sorted(api.deleted) == sorted((d.name, d.uid) for d in deletes if d.name != "j-3")
     assert out.deleted == 9  # the pod already gone is not counted
+
+
+def _share_sum(step: str) -> float:
+    value = metrics.REGISTRY.get_sample_value(
+        "gangjob_restart_controller_seconds_sum", {"step": step}
+    )
+    return value or 0.0
+
+
+def test_the_controller_share_ends_when_the_status_write_returns_not_with_the_pass() -> None:
+    # A Recreate pass writes the new epoch, then deletes the gang: the deletes are not the
+    # controller's reaction time to the failure.
+    before = _share_sum("bump")
+    since = time.monotonic() - 30.0
+    outcome = Outcome(status_written=True, epoch_bumped=True, status_written_at=since + 0.25)
+    Manager._report_share("ml/llama", since, outcome)
+    assert _share_sum("bump") - before == pytest.approx(0.25)
