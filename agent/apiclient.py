@@ -331,6 +331,10 @@ class HttpClient:
     async def merge_patch(self, path: str, patch: JsonDict) -> JsonDict:
         return await self._json("PATCH", path, json.dumps(patch).encode(), MERGE_PATCH)
 
+    async def delete(self, path: str, options: JsonDict) -> JsonDict:
+        """A delete with DeleteOptions (grace period, a UID precondition)."""
+        return await self._json("DELETE", path, json.dumps(options).encode(), "application/json")
+
     async def post(self, path: str, body: JsonDict) -> JsonDict:
         """A create (not retried on a broken kept-alive connection: not idempotent)."""
         return await self._json("POST", path, json.dumps(body).encode(), "application/json")

@@ -56,7 +56,7 @@ from api.v1alpha1 import RestartRecord
 from benchmarks.common import RESULTS, Progress, cpu_seconds, markdown_table, rss_mib, write_json
 from benchmarks.plot import plot_lines
 from controller.kube import GANGJOBS, NAMESPACES, NODES, JsonDict, Kube, NotFound
-from localcluster.cluster import Cluster, Options, kwok_node
+from localcluster.cluster import SIMULATED_KUBELET_LABEL, Cluster, Options, kwok_node
 from localcluster.simkubelet import SimKubelet
 from localcluster.tools import ControllerProcess, controller_kubeconfig, install_crd
 
@@ -295,6 +295,8 @@ def gangjob(name: str, ns: str, replicas: int, mode: str) -> JsonDict:
             # The benchmark measures the restart, not the guard's wait (60 s by default).
             "nodeLoss": {"forceDeleteAfterSeconds": 0},
             "template": {
+                # The simulated kubelet, not KWOK, finishes these pods' deletion (by UID).
+                "metadata": {"labels": {SIMULATED_KUBELET_LABEL: "true"}},
                 "spec": {
                     "nodeSelector": {BENCH_LABEL: ns},
                     "containers": [
@@ -304,7 +306,7 @@ def gangjob(name: str, ns: str, replicas: int, mode: str) -> JsonDict:
                             "command": ["sh", "-c", "sleep infinity"],
                         }
                     ],
-                }
+                },
             },
         },
     }

@@ -478,10 +478,12 @@ class Cluster:
         return cmd
 
     def _kwok_cmd(self) -> list[str]:
+        stages = self.dir / "kwok-stages.yaml"
+        stages.write_text(kwok_stages(kwok_stages_path().read_text()))
         return [
             str(binary("kwok").path),
             f"--kubeconfig={self.dir / 'kwok.kubeconfig'}",
-            f"--config={kwok_stages_path()}",
+            f"--config={stages}",
             "--manage-all-nodes=false",
             "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
             "--manage-nodes-with-label-selector=",
@@ -500,6 +502,31 @@ class Cluster:
             name = f"kwok-node-{i}"
             if name not in existing:
                 self.api("POST", "/api/v1/nodes", kwok_node(name, opts))
+
+
+SIMULATED_KUBELET_LABEL = "localcluster.gangjob.io/simulated-kubelet"
+"""A pod with this label has its deletion finished by `localcluster.simkubelet`, not by KWOK.
+KWOK deletes a terminating pod by name alone: under load its delete comes late and removes a
+new pod of the same name (a recreated worker). The real kubelet deletes for the pod's UID, and
+so does the simulation."""
+
+
+def kwok_stages(stages: str) -> str:
+    """KWOK's stage definitions, its pod-delete stage skipping pods labelled
+    `SIMULATED_KUBELET_LABEL`."""
+    docs = stages.strip().split("\n---\n")
+    for i, doc in enumerate(docs):
+        if "name: pod-delete" in doc:
+            head, sep, tail = doc.partition("    matchExpressions:\n")
+            if not sep:
+                raise ValueError("KWOK's pod-delete stage has no matchExpressions to extend")
+            skip = (
+                f"    - key: '.metadata.labels.[\"{SIMULATED_KUBELET_LABEL}\"]'\n"
+                "      operator: 'DoesNotExist'\n"
+            )
+            docs[i] = head + sep + skip + tail
+            return "\n---\n".join(docs) + "\n"
+    raise ValueError("KWOK's stages have no pod-delete stage")
 
 
 def kwok_node(name: str, opts: Options) -> dict[str, Any]:

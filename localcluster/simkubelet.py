@@ -39,6 +39,7 @@ from agent.agent import Agent, AgentState, Mode
 from agent.apiclient import ApiError, ClientError, HttpClient
 from agent.config import Config
 from agent.constants import ARRIVAL_AUDIENCE, RESTART_EXIT_CODE
+from localcluster.cluster import SIMULATED_KUBELET_LABEL
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +125,7 @@ class SimKubelet:
         self.api = api
         self.start_delay = start_delay
         self._starting: set[str] = set()  # UIDs of new pods whose agent is about to start
+        self._finishing: set[str] = set()  # UIDs of terminating pods whose deletion we finish
         self.arrival_url = arrival_url
         # One client to the controller for every agent: each report's stream holds a connection.
         self.arrival_client = (
@@ -202,6 +204,7 @@ class SimKubelet:
         self._poke()
         if pod["metadata"].get("deletionTimestamp"):
             self._stop_worker(name)
+            self._finish_deletion(pod)
             return
         w = self.workers.get(name)
         running = pod.get("status", {}).get("phase") == "Running"
@@ -212,6 +215,35 @@ class SimKubelet:
                 self._starting.add(pod["metadata"]["uid"])
                 self._spawn(self._start_later(pod))
 
+    def _finish_deletion(self, pod: JsonDict) -> None:
+        """A terminating pod labelled `SIMULATED_KUBELET_LABEL` is removed once its agent is
+        stopped, by a delete for its UID, as the kubelet does: a pod of the same name created
+        since (a recreated worker) is never hit. KWOK does it for other pods."""
+        meta = pod["metadata"]
+        uid = meta["uid"]
+        if SIMULATED_KUBELET_LABEL not in (meta.get("labels") or {}) or uid in self._finishing:
+            return
+        self._finishing.add(uid)
+
+        async def finish() -> None:
+            options = {"gracePeriodSeconds": 0, "preconditions": {"uid": uid}}
+            for attempt in range(1, 11):
+                try:
+                    async with self._kubelet_slots:
+                        await self.api.delete(f"{self.pods_path}/{meta['name']}", options)
+                    return
+                except ApiError as e:
+                    if e.status in (404, 409):  # gone already, or another pod of that name
+                        return
+                    error: Exception = e
+                except (ClientError, OSError) as e:
+                    error = e
+                await asyncio.sleep(0.2 * attempt)  # an overloaded apiserver: ask again
+            log.warning("pod %s (uid %s) not deleted: %s", meta["name"], uid, error)
+            self._finishing.discard(uid)  # its next event asks again
+
+        self._spawn(finish())
+
     def _poke(self) -> None:
         """Wakes `wait`: something it may be waiting for changed."""
         changed, self._changed = self._changed, asyncio.Event()
@@ -219,6 +251,7 @@ class SimKubelet:
 
     def _gone(self, pod: JsonDict) -> None:
         name = pod["metadata"]["name"]
+        self._finishing.discard(pod["metadata"]["uid"])
         if self.pods.get(name, {}).get("metadata", {}).get("uid") == pod["metadata"]["uid"]:
             self.pods.pop(name, None)
             self._stop_worker(name)

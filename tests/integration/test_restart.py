@@ -16,7 +16,7 @@ import pytest
 from agent.apiclient import HttpClient, ssl_context
 from benchmarks.restart_scale import lose_node
 from controller.kube import CORE_EVENTS, GANGJOBS, NODES, PODS, JsonDict, Kube, NotFound
-from localcluster.cluster import Cluster, Options, kwok_node
+from localcluster.cluster import SIMULATED_KUBELET_LABEL, Cluster, Options, kwok_node
 from localcluster.simkubelet import SimKubelet
 from tests.integration.harness import (
     ControllerProcess,
@@ -59,7 +59,15 @@ class Gang:
             "apiVersion": "gangjob.io/v1alpha1",
             "kind": "GangJob",
             "metadata": {"name": name},
-            "spec": {"replicas": replicas, "template": {"spec": template_spec}, **spec},
+            "spec": {
+                "replicas": replicas,
+                # The simulated kubelet, not KWOK, finishes these pods' deletion (by UID).
+                "template": {
+                    "metadata": {"labels": {SIMULATED_KUBELET_LABEL: "true"}},
+                    "spec": template_spec,
+                },
+                **spec,
+            },
         }
         return await self.kube.create(GANGJOBS, body, self.ns)
 

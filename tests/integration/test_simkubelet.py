@@ -3,14 +3,15 @@ relist, and which pod its status writes land on. The benchmarks at N=5000 stalle
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
 
 from agent.apiclient import HttpClient, ssl_context
-from controller.kube import PODS, JsonDict, Kube
+from controller.kube import PODS, JsonDict, Kube, NotFound
 from localcluster import simkubelet
-from localcluster.cluster import Cluster
+from localcluster.cluster import SIMULATED_KUBELET_LABEL, Cluster
 from localcluster.simkubelet import SimKubelet
 
 pytestmark = pytest.mark.integration
@@ -99,3 +100,39 @@ async def test_the_pod_list_comes_whole_in_pages(
     items, rv = await sim._list({"labelSelector": "gangjob.io/name"})
     assert sorted(p["metadata"]["name"] for p in items) == sorted(names)
     assert int(rv) > 0  # the snapshot's version, for the watch that follows
+
+
+def _bound_pod(name: str) -> JsonDict:
+    """A pod on a KWOK node, labelled for the simulated kubelet to finish its deletion."""
+    pod = _pod(name)
+    pod["metadata"]["labels"][SIMULATED_KUBELET_LABEL] = "true"
+    del pod["spec"]["nodeSelector"]
+    pod["spec"]["nodeName"] = "kwok-node-0"
+    return pod
+
+
+async def test_the_simulation_not_kwok_finishes_a_deletion_and_only_for_its_uid(
+    sim: SimKubelet, sim_kube: Kube, namespace: str
+) -> None:
+    old = await sim_kube.create(PODS, _bound_pod("w"), namespace)
+    await sim_kube.delete(PODS, "w", namespace, grace_period_seconds=30)
+    # KWOK's pod-delete stage skips the label (KWOK deletes by name only): it stays terminating.
+    await asyncio.sleep(3)
+    terminating = await sim_kube.get(PODS, "w", namespace)
+    assert terminating["metadata"]["deletionTimestamp"]
+
+    # Recreated under the same name (as the controller recreates a worker) while the old pod's
+    # deletion was pending: the late finish of the old pod must not remove the new one.
+    await sim_kube.delete(PODS, "w", namespace, grace_period_seconds=0)
+    new = await sim_kube.create(PODS, _bound_pod("w"), namespace)
+    sim._finish_deletion(terminating)
+    await asyncio.gather(*sim._tasks)
+    assert (await sim_kube.get(PODS, "w", namespace))["metadata"]["uid"] == new["metadata"]["uid"]
+    assert old["metadata"]["uid"] != new["metadata"]["uid"]
+
+    # The new pod's own deletion is finished, as soon as the simulation sees it terminating.
+    await sim_kube.delete(PODS, "w", namespace, grace_period_seconds=30)
+    sim._seen(await sim_kube.get(PODS, "w", namespace))
+    await asyncio.gather(*sim._tasks)
+    with pytest.raises(NotFound):
+        await sim_kube.get(PODS, "w", namespace)
