@@ -1,8 +1,11 @@
 """A simulated kubelet for GangJob workers on KWOK nodes: runs the REAL agent for each pod, in
 this process, and plays the kubelet's part of the restart protocol.
 
-KWOK brings pods to Running and completes their deletion; it knows nothing of restart rules.
-This class adds what the real kubelet 1.36 does (LOCALCLUSTER.md, measured on a real node):
+KWOK brings pods to Running; it knows nothing of restart rules. This class adds what the real
+kubelet 1.36 does (LOCALCLUSTER.md, measured on a real node):
+- a terminating pod labelled `SIMULATED_KUBELET_LABEL` is removed by a delete for its UID once
+  its agent is stopped (KWOK, which deletes by name, is told to leave such pods alone: its late
+  deletes removed recreated pods of the same name);
 - a Pod-mode agent that exits with the restart code, or a trainer that exits with a code of
   its `RestartAllContainers` rule, restarts the whole pod in place: condition
   `AllContainersRestarting` and Ready False at once, every container's restartCount +1 with
