@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from controller.kube import NAMESPACES, Kube, NotFound
+from controller.kube import NAMESPACES, PODS, Kube, NotFound
 from localcluster.cluster import Cluster, Options
 
 SIM_NAME = "test-sim"
@@ -82,6 +82,12 @@ async def _fresh_namespace(kubeconfig: pathlib.Path, request: pytest.FixtureRequ
 
 async def _drop_namespace(kubeconfig: pathlib.Path, name: str) -> None:
     async with await Kube.from_kubeconfig(kubeconfig, request_timeout=10) as kube:
+        # Pods on KWOK nodes whose deletion the simulated kubelet finishes (KWOK leaves them
+        # alone) would stay Terminating once the test's simulation is gone, and the namespace
+        # with them: they go at once, as a kubelet that confirmed their end would let them.
+        for pod in (await kube.list(PODS, name)).items:
+            with contextlib.suppress(NotFound):
+                await kube.delete(PODS, pod["metadata"]["name"], name, grace_period_seconds=0)
         with contextlib.suppress(NotFound):
             await kube.delete(NAMESPACES, name, propagation_policy="Background")
 
