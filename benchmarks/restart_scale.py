@@ -453,6 +453,7 @@ async def measure_restart(
 ) -> dict[str, Any]:
     """One restart from epoch E to E+1: inject, wait for every milestone, collect numbers."""
     timeout = w.settings.rep_limit_s or timeout
+    order = ["injected", *order]
     before = CtlSample.take(w.ctl)
     t0 = time.monotonic()
     injected = asyncio.ensure_future(inject())
@@ -462,13 +463,12 @@ async def measure_restart(
         injected.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await injected
-        raise Unfinished(unfinished_row(mode, rep, t0, e, ["injected", *order])) from e
+        raise Unfinished(unfinished_row(mode, rep, t0, e, order)) from e
     await injected
     marks["injected"] = t0
     w.sample_rss()
     after = CtlSample.take(w.ctl)
     last = tracker.status.get("lastRestart") or {}
-    order = ["injected", *order]
     steps = _steps(marks, order)
     ctl = after.since(before)
     row: dict[str, Any] = {
@@ -727,7 +727,6 @@ async def run_size(w: World) -> dict[str, Any]:
                     await measure_gang(w, tracker, gang, mode, rows)
                 except Unfinished as e:
                     rows.append(e.row)
-                    w.s.arrival_url = direct
                     print(f"  N={w.n} {e}: no barrier within {e.row['limit_s']}s "
                           f"(waiting for {e.row['missing']}; {e.row['state']}); the rest "
                           f"of gang {gang} is skipped", file=sys.stderr)  # fmt: skip
@@ -770,9 +769,11 @@ async def measure_gang(
         # ... then, side by side, by pod annotation and their own watches (the
         # agents restarted from here on get no endpoint).
         w.s.arrival_url = None
-        for rep in range(reps if "in-place-annotation" in want else 0):
-            rows.append(await in_place(w, tracker, rep, gang, "in-place-annotation"))
-        w.s.arrival_url = direct
+        try:
+            for rep in range(reps if "in-place-annotation" in want else 0):
+                rows.append(await in_place(w, tracker, rep, gang, "in-place-annotation"))
+        finally:
+            w.s.arrival_url = direct  # for the next gang, even after an overrun
     else:
         for rep in range(reps):
             rows.append(await recreate(w, tracker, rep))
