@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from benchmarks.common import Progress, markdown_table, write_json
-from controller.kube import GANGJOBS, JsonDict, Kube
+from controller.k8s import GANGJOBS, JsonDict, Kube
 from localcluster.cluster import Cluster, Options
 from localcluster.node import AGENT_IMAGE
 from localcluster.tools import REPO, ControllerProcess, controller_kubeconfig, install_crd, kubectl

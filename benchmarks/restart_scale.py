@@ -55,7 +55,7 @@ from agent.apiclient import ApiError, HttpClient, ssl_context
 from api.v1alpha1 import RestartRecord
 from benchmarks.common import RESULTS, Progress, cpu_seconds, markdown_table, rss_mib, write_json
 from benchmarks.plot import plot_lines
-from controller.kube import GANGJOBS, NAMESPACES, NODES, JsonDict, Kube, NotFound
+from controller.k8s import GANGJOBS, NAMESPACES, NODES, JsonDict, Kube, NotFound
 from localcluster.cluster import SIMULATED_KUBELET_LABEL, Cluster, Options, kwok_node
 from localcluster.simkubelet import SimKubelet
 from localcluster.tools import ControllerProcess, controller_kubeconfig, install_crd

@@ -13,9 +13,9 @@ import sys
 import time
 from typing import Any
 
-from controller import tracing
-from controller.kube import Kube
+from controller.k8s import Kube
 from controller.manager import Manager, Settings, default_identity
+from controller.runtime import tracing
 
 
 class JsonFormatter(logging.Formatter):

@@ -19,10 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from api.constants import ANNOTATION_EPOCH
-from controller import arrivals, metrics
+from controller import arrivals
 from controller.arrivals import ArrivalBook, TokenAuthenticator
-from controller.health import HealthServer, make_app
-from controller.kube import (
+from controller.k8s import (
     GANGJOBS,
     LEASES,
     NODES,
@@ -33,11 +32,8 @@ from controller.kube import (
     JsonDict,
     Kube,
 )
-from controller.leader import LeaderElectionConfig, LeaderElector
-from controller.plan import PlanConfig
-from controller.queue import WorkQueue
-from controller.reconcile import Caches, Outcome, Reconciler
-from controller.store import (
+from controller.k8s.leader import LeaderElectionConfig, LeaderElector
+from controller.k8s.store import (
     BY_GANGJOB,
     BY_NODE,
     GANGJOB_LABEL,
@@ -46,6 +42,11 @@ from controller.store import (
     gangjob_index,
     node_index,
 )
+from controller.policy.plan import PlanConfig
+from controller.reconcile import Caches, Outcome, Reconciler
+from controller.runtime import metrics
+from controller.runtime.probes import HealthServer, make_app
+from controller.runtime.queue import WorkQueue
 
 log = logging.getLogger(__name__)
 

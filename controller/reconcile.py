@@ -1,9 +1,9 @@
 """One reconcile of one GangJob: observe (from the caches) -> plan (pure) -> act (through kube).
 
-All decisions are `controller.plan`'s; this module only gathers what plan needs and carries out
-what it returns, in a fixed order: **one** status write (conditional on the resourceVersion
-read, so a stale cache can never write an older epoch over a newer one), then the Service, pod
-deletions and pod creations, and the Events.
+All decisions are `controller.policy.plan`'s; this module only gathers what plan needs and
+carries out what it returns, in a fixed order: **one** status write (conditional on the
+resourceVersion read, so a stale cache can never write an older epoch over a newer one), then the
+Service, pod deletions and pod creations, and the Events.
 """
 
 from __future__ import annotations
@@ -23,9 +23,8 @@ from opentelemetry.trace import Tracer
 
 from api.constants import API_VERSION, KIND
 from api.v1alpha1 import GangJob, GangJobStatus, dump_status, parse_gangjob
-from controller import metrics, tracing
 from controller.arrivals import ArrivalBook
-from controller.kube import (
+from controller.k8s import (
     CORE_EVENTS,
     GANGJOBS,
     PODS,
@@ -37,9 +36,10 @@ from controller.kube import (
     Kube,
     NotFound,
 )
-from controller.plan import EventSpec, Observed, Plan, PlanConfig, PodDelete, plan
-from controller.store import BY_GANGJOB, Store
-from controller.views import NodeView, PodView
+from controller.k8s.store import BY_GANGJOB, Store
+from controller.policy.plan import EventSpec, Observed, Plan, PlanConfig, PodDelete, plan
+from controller.policy.views import NodeView, PodView
+from controller.runtime import metrics, tracing
 from controller.workeraccess import (
     ensure_worker_access,
     forget_worker_access,

@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 from typing import Final, Protocol
 
-from controller.kube import AlreadyExists, ApiError, Forbidden, JsonDict, ResourceKind
-from controller.podspec import WORKER_SERVICE_ACCOUNT
+from controller.k8s import AlreadyExists, ApiError, Forbidden, JsonDict, ResourceKind
+from controller.policy.podspec import WORKER_SERVICE_ACCOUNT
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ MANAGED_BY: Final = {"app.kubernetes.io/managed-by": "gangjob-controller"}
 
 
 class Creator(Protocol):
-    """The one verb needed of `controller.kube.Kube`."""
+    """The one verb needed of `controller.k8s.Kube`."""
 
     async def create(
         self,

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from controller.kube import NAMESPACES, PODS, Kube, NotFound
+from controller.k8s import NAMESPACES, PODS, Kube, NotFound
 from localcluster.cluster import Cluster, Options
 
 SIM_NAME = "test-sim"

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
-from controller.kube import JsonDict, Kube, NotFound, ResourceKind
+from controller.k8s import JsonDict, Kube, NotFound, ResourceKind
 
 
 async def wait_for(

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from controller.kube import PODS, SERVICES, Kube
+from controller.k8s import PODS, SERVICES, Kube
 from localcluster.cluster import Cluster
 from localcluster.node import AGENT_IMAGE
 from localcluster.tools import kubectl

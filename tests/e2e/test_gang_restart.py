@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from controller.kube import GANGJOBS, JsonDict, Kube
+from controller.k8s import GANGJOBS, JsonDict, Kube
 from localcluster.cluster import Cluster
 from localcluster.node import AGENT_IMAGE
 from localcluster.tools import ControllerProcess, kubectl

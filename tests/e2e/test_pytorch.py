@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from controller.kube import GANGJOBS, JsonDict, Kube
+from controller.k8s import GANGJOBS, JsonDict, Kube
 from localcluster.chaos import kill_trainer
 from localcluster.cluster import Cluster
 from localcluster.node import ensure_trainer_image

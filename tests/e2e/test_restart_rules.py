@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from controller.kube import PODS, Kube
+from controller.k8s import PODS, Kube
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e

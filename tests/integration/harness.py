@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from api.constants import LABEL_NAME
-from controller.kube import CRDS, GANGJOBS, PODS, JsonDict, Kube, NotFound
+from controller.k8s import CRDS, GANGJOBS, PODS, JsonDict, Kube, NotFound
 from localcluster.tools import (
     REPO,
     SA,

@@ -13,7 +13,7 @@ import pytest
 
 from agent.apiclient import ApiError, HttpClient
 from api.constants import LABEL_NAME, LABEL_RANK
-from controller.kube import (
+from controller.k8s import (
     GANGJOBS,
     LEASES,
     PODS,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.kube import GANGJOBS, JsonDict, Kube
+from controller.k8s import GANGJOBS, JsonDict, Kube
 from localcluster.cluster import Cluster, Options
 from localcluster.tools import ControllerProcess, controller_kubeconfig, install_crd, kubectl
 from tests.integration.harness import gang_pods, gangjob, watch_job

@@ -10,8 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 import yaml
 
-from controller import metrics
-from controller.kube import (
+from controller.k8s import (
     CRDS,
     GANGJOBS,
     LEASES,
@@ -24,8 +23,9 @@ from controller.kube import (
     NotFound,
     WatchEvent,
 )
-from controller.leader import LeaderElectionConfig, LeaderElector
-from controller.store import BY_GANGJOB, Store, StoreEvent, gangjob_index
+from controller.k8s.leader import LeaderElectionConfig, LeaderElector
+from controller.k8s.store import BY_GANGJOB, Store, StoreEvent, gangjob_index
+from controller.runtime import metrics
 
 pytestmark = pytest.mark.integration
 

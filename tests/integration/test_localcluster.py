@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from controller.kube import NODES, PODS, JsonDict, Kube
+from controller.k8s import NODES, PODS, JsonDict, Kube
 from localcluster.cluster import Cluster, Options
 from tests.conftest import SIM_OPTIONS
 from tests.waiting import wait_for

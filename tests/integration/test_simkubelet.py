@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from agent.apiclient import HttpClient, ssl_context
-from controller.kube import PODS, JsonDict, Kube, NotFound
+from controller.k8s import PODS, JsonDict, Kube, NotFound
 from localcluster import simkubelet
 from localcluster.cluster import SIMULATED_KUBELET_LABEL, Cluster
 from localcluster.simkubelet import SimKubelet

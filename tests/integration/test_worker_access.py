@@ -17,9 +17,9 @@ import pytest
 
 from api.constants import ANNOTATION_EPOCH, ANNOTATION_EXIT, LABEL_NAME
 from api.v1alpha1 import GangJob, RestartMode, parse_gangjob
-from controller.kube import GANGJOBS, PODS, ApiError, Forbidden, Invalid, JsonDict, Kube
-from controller.podspec import WORKER_SERVICE_ACCOUNT, build_pod
-from controller.views import ANNOTATION_CREATED_EPOCH as CREATED_EPOCH
+from controller.k8s import GANGJOBS, PODS, ApiError, Forbidden, Invalid, JsonDict, Kube
+from controller.policy.podspec import WORKER_SERVICE_ACCOUNT, build_pod
+from controller.policy.views import ANNOTATION_CREATED_EPOCH as CREATED_EPOCH
 from controller.workeraccess import ROLE_BINDINGS, SERVICE_ACCOUNTS, WorkerAccess
 from localcluster.cluster import Cluster
 from localcluster.tools import token_kubeconfig

@@ -8,7 +8,7 @@ import heapq
 import itertools
 from collections.abc import AsyncIterator
 
-from controller.kube import (
+from controller.k8s import (
     AlreadyExists,
     Conflict,
     JsonDict,

@@ -37,8 +37,8 @@ from controller.arrivals import (
     parse_report,
     with_report,
 )
-from controller.plan import arrived_by_barrier
-from controller.views import PodView
+from controller.policy.plan import arrived_by_barrier
+from controller.policy.views import PodView
 from localcluster.tools import free_port
 from tests.unit.test_agent import DEADLINE, JOB, NS, FakeApi, make_config, running, until
 

@@ -1,5 +1,5 @@
-"""Unit tests of controller.classify: every failure signal of DESIGN.md section 4 as a table, the
-failure policy (first match wins, the defaults, counting), and the exit codes the kubelet may
+"""Unit tests of controller.policy.classify: every failure signal of DESIGN.md section 4 as a table,
+the failure policy (first match wins, the defaults, counting), and the exit codes the kubelet may
 restart in place."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from api.v1alpha1 import ExitCodeOperator, FailureAction, GangJob, RestartMode
-from controller import classify, podspec
-from controller.classify import Context, Failure, FailureClass
-from controller.views import NodeView, PodView
+from controller.policy import classify, podspec
+from controller.policy.classify import Context, Failure, FailureClass
+from controller.policy.views import NodeView, PodView
 from tests.unit.builders import T0, make_job, make_node, make_pod
 
 OPENED = T0 + timedelta(minutes=1)

@@ -1,11 +1,11 @@
-"""Unit tests of controller.conditions: Kubernetes condition conventions, as table tests."""
+"""Unit tests of controller.policy.conditions: Kubernetes condition conventions, as table tests."""
 
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from api.v1alpha1 import Condition, ConditionStatus
-from controller.conditions import get_condition, is_true, remove_condition, set_condition
+from controller.policy.conditions import get_condition, is_true, remove_condition, set_condition
 
 T0 = datetime(2026, 5, 1, 10, 0, tzinfo=UTC)
 T1 = T0 + timedelta(minutes=5)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import aiohttp
 
-from controller import metrics
-from controller.health import HealthServer, make_app
+from controller.runtime import metrics
+from controller.runtime.probes import HealthServer, make_app
 
 
 async def test_endpoints() -> None:

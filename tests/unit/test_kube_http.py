@@ -12,8 +12,7 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio.client import ApiClient, Configuration
 
-from controller import metrics
-from controller.kube import (
+from controller.k8s import (
     GANGJOBS,
     LEASES,
     NODES,
@@ -30,6 +29,7 @@ from controller.kube import (
     WatchEvent,
     error_from_response,
 )
+from controller.runtime import metrics
 
 Handler = Callable[[web.Request], Any]
 BODY = web.RequestKey("body", bytes)

@@ -7,8 +7,8 @@ import datetime as dt
 
 import pytest
 
-from controller.kube import LEASES
-from controller.leader import (
+from controller.k8s import LEASES
+from controller.k8s.leader import (
     LeaderElectionConfig,
     LeaderElector,
     LeaseObservation,

@@ -8,7 +8,7 @@ import asyncio
 import time
 from typing import cast
 
-from controller.kube import Kube
+from controller.k8s import Kube
 from controller.manager import PACE_MAX, Manager, Settings
 from controller.reconcile import Outcome
 

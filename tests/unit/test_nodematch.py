@@ -1,4 +1,4 @@
-"""Which nodes a template may land on by labels and name (`controller.nodematch`), with the
+"""Which nodes a template may land on by labels and name (`controller.policy.nodematch`), with the
 scheduler's reading of `nodeSelector` and required node affinity."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from controller.nodematch import allows
-from controller.views import NodeView
+from controller.policy.nodematch import allows
+from controller.policy.views import NodeView
 from tests.unit.builders import make_node
 
 NODE = NodeView.from_node(make_node("gpu-1", labels={"pool": "gpu", "gen": "9", "zone": "a"}))

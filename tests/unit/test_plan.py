@@ -1,5 +1,5 @@
-"""Unit tests of controller.plan: the policy of DESIGN.md sections 3b and 5 as table tests, and
-its invariants as hypothesis properties (idempotence, epochs never lowered, never two pods per
+"""Unit tests of controller.policy.plan: the policy of DESIGN.md sections 3b and 5 as table tests,
+and its invariants as hypothesis properties (idempotence, epochs never lowered, never two pods per
 rank, worker counts bounded)."""
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from api.v1alpha1 import (
     RestartRecord,
     RestartTrigger,
 )
-from controller.conditions import get_condition
-from controller.plan import (
+from controller.policy.conditions import get_condition
+from controller.policy.plan import (
     EventSpec,
     Observed,
     Plan,
@@ -32,7 +32,7 @@ from controller.plan import (
     describe_failure,
     plan,
 )
-from controller.views import NodeView, PodView
+from controller.policy.views import NodeView, PodView
 from tests.unit.builders import JOB_NAME, T0, make_job, make_node, make_pod, with_status
 
 NOW = T0 + timedelta(minutes=1, microseconds=250)

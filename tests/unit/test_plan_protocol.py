@@ -1,4 +1,4 @@
-"""Unit tests of the restart protocol in controller.plan (DESIGN.md sections 3-4), as tables:
+"""Unit tests of the restart protocol in controller.policy.plan (DESIGN.md sections 3-4), as tables:
 the epoch bump and its record, the barrier, recreated workers and avoided nodes, the failure
 policy's FailJob and budget, backoff timing, history cap, force-delete guards, barrier timeout,
 and the mode fallback. Every scenario is also replanned over its own outcome: nothing repeats."""
@@ -24,8 +24,16 @@ from api.v1alpha1 import (
     RestartTrigger,
     dump_status,
 )
-from controller.plan import EventSpec, Observed, Plan, PodDelete, _ranks_text, finish_pod, plan
-from controller.views import NodeView
+from controller.policy.plan import (
+    EventSpec,
+    Observed,
+    Plan,
+    PodDelete,
+    _ranks_text,
+    finish_pod,
+    plan,
+)
+from controller.policy.views import NodeView
 from tests.unit.builders import T0, TEMPLATE, make_job, make_node, make_pod, with_status
 from tests.unit.test_plan import carry_out, condition, names, observe
 

@@ -1,4 +1,4 @@
-"""Unit tests of controller.podspec: the headless Service and the worker pods of a gang."""
+"""Unit tests of controller.policy.podspec: the headless Service and the worker pods of a gang."""
 
 import copy
 from typing import Any
@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 
 from api.constants import ENV_GANGJOB_NAME
 from api.v1alpha1 import FailureAction, GangJob, GangJobStatus, RestartMode
-from controller import podspec
-from controller.classify import exit_code_action
-from controller.podspec import (
+from controller.policy import podspec
+from controller.policy.classify import exit_code_action
+from controller.policy.podspec import (
     PodSpecError,
     TemplateConflict,
     TrainerCommandRequired,
@@ -21,7 +21,7 @@ from controller.podspec import (
     pod_name,
     trainer_restart_rule,
 )
-from controller.views import PodView
+from controller.policy.views import PodView
 from tests.unit.builders import JOB_NAME, JOB_UID, NAMESPACE, TEMPLATE, make_job, with_status
 
 AGENT = "localhost/gangjob-agent:dev"

@@ -1,5 +1,5 @@
-"""A hypothesis state machine over `controller.plan`: a simulated gang (pods whose agents arrive
-at epochs, trainers that crash, nodes that are lost or deleted, pods deleted by others, the
+"""A hypothesis state machine over `controller.policy.plan`: a simulated gang (pods whose agents
+arrive at epochs, trainers that crash, nodes that are lost or deleted, pods deleted by others, the
 kubelet and the clock moving on) with planner passes interleaved arbitrarily, and the
 invariants of DESIGN.md section 3 checked after every pass:
 
@@ -39,9 +39,9 @@ from api.v1alpha1 import (
     dump_gangjob,
     parse_gangjob,
 )
-from controller import classify
-from controller.plan import Observed, Plan, plan
-from controller.views import NodeView, PodView
+from controller.policy import classify
+from controller.policy.plan import Observed, Plan, plan
+from controller.policy.views import NodeView, PodView
 from tests.unit.builders import JOB_UID, T0, job_dict, make_node
 
 REPLICAS = 3

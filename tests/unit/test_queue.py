@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller import metrics
-from controller.queue import BucketRateLimiter, ItemExponentialBackoff, ShutDown, WorkQueue
+from controller.runtime import metrics
+from controller.runtime.queue import BucketRateLimiter, ItemExponentialBackoff, ShutDown, WorkQueue
 from tests.unit.fakes import FakeClock
 
 _names = itertools.count()

@@ -8,12 +8,12 @@ from typing import Any, cast
 
 import pytest
 
-from controller import metrics
-from controller.kube import GANGJOBS, NODES, PODS, SERVICES, NotFound
+from controller.k8s import GANGJOBS, NODES, PODS, SERVICES, NotFound
+from controller.k8s.store import Store
 from controller.manager import Manager
-from controller.plan import Plan, PodDelete
+from controller.policy.plan import Plan, PodDelete
 from controller.reconcile import Caches, Outcome, Reconciler
-from controller.store import Store
+from controller.runtime import metrics
 from tests.unit.builders import job_dict, make_job
 
 

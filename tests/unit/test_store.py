@@ -7,8 +7,8 @@ import contextlib
 
 import pytest
 
-from controller.kube import PODS, Gone, ObjectList, TransportError, WatchEvent
-from controller.store import (
+from controller.k8s import PODS, Gone, ObjectList, TransportError, WatchEvent
+from controller.k8s.store import (
     BY_GANGJOB,
     BY_NODE,
     Store,

@@ -9,7 +9,7 @@ from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from controller.tracing import (
+from controller.runtime.tracing import (
     exporters_from_env,
     get_tracer,
     reconcile_span,

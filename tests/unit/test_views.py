@@ -1,4 +1,4 @@
-"""Unit tests of controller.views: parsing Pods and Nodes as the apiserver returns them."""
+"""Unit tests of controller.policy.views: parsing Pods and Nodes as the apiserver returns them."""
 
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controller.views import (
+from controller.policy.views import (
     ContainerView,
     NodeView,
     PodView,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.kube import AlreadyExists, Forbidden, TransportError
+from controller.k8s import AlreadyExists, Forbidden, TransportError
 from controller.workeraccess import (
     ROLE_BINDINGS,
     SERVICE_ACCOUNTS,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from controller.views import NodeView
+from controller.policy.views import NodeView
 
 
 def allows(pod_spec: Mapping[str, Any], node: NodeView) -> bool:

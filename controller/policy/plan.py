@@ -36,10 +36,10 @@ from api.v1alpha1 import (
     SuccessPolicy,
     WorkersStatus,
 )
-from controller import classify, nodematch, podspec
-from controller.classify import Decision, FailureClass
-from controller.conditions import get_condition, is_true, set_condition
-from controller.views import ANNOTATION_RESTART_MODE, NodeView, PodView
+from controller.policy import classify, nodematch, podspec
+from controller.policy.classify import Decision, FailureClass
+from controller.policy.conditions import get_condition, is_true, set_condition
+from controller.policy.views import ANNOTATION_RESTART_MODE, NodeView, PodView
 
 # Pod phases (core/v1).
 POD_RUNNING: Final = "Running"

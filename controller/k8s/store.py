@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from controller.clock import MONOTONIC, Clock
-from controller.kube import ApiError, Gone, JsonDict, ObjectList, ResourceKind, WatchEvent
+from controller.k8s import ApiError, Gone, JsonDict, ObjectList, ResourceKind, WatchEvent
+from controller.runtime.clock import MONOTONIC, Clock
 
 __all__ = [
     "BY_GANGJOB",
@@ -65,7 +65,7 @@ def node_index(pod: JsonDict) -> list[str]:
 
 
 class ListWatcher(Protocol):
-    """What the store needs of the API client (`controller.kube.Kube` is one)."""
+    """What the store needs of the API client (`controller.k8s.Kube` is one)."""
 
     async def list(
         self,

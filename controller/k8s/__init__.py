@@ -33,7 +33,7 @@ from tenacity import (
     stop_after_delay,
 )
 
-from controller import metrics
+from controller.runtime import metrics
 
 __all__ = [
     "CORE_EVENTS",

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from controller import metrics
+from controller.runtime import metrics
 
 __all__ = ["HealthServer", "make_app"]
 

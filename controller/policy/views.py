@@ -1,5 +1,5 @@
 """Typed views of the Pods and Nodes the controller reads: small frozen dataclasses parsed from
-the raw dicts the API returns, holding only what `controller.plan` decides on.
+the raw dicts the API returns, holding only what `controller.policy.plan` decides on.
 
 The hot path sees thousands of pods per gang, so parsing stays shallow and never validates
 whole objects: a field that is missing or malformed becomes None (or empty), never an error,

@@ -16,8 +16,8 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from controller import metrics
-from controller.clock import MONOTONIC, Clock
+from controller.runtime import metrics
+from controller.runtime.clock import MONOTONIC, Clock
 
 __all__ = ["BucketRateLimiter", "ItemExponentialBackoff", "ShutDown", "WorkQueue"]
 

@@ -2,8 +2,8 @@
 its node, its devices) as one classified `Failure`, and `spec.failurePolicy` applied to it: the
 first matching rule, else the defaults. Also the exit codes the kubelet may restart in place.
 
-What counts as a failure *at which epoch* is `controller.plan`'s business; this module reads the
-signals of a worker `plan` hands it as being at the gang's epoch.
+What counts as a failure *at which epoch* is `controller.policy.plan`'s business; this module
+reads the signals of a worker `plan` hands it as being at the gang's epoch.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from api.v1alpha1 import (
     NodeConditionMatcher,
     RestartMode,
 )
-from controller.views import ContainerView, NodeView, PodView
+from controller.policy.views import ContainerView, NodeView, PodView
 
 POD_FAILED: Final = "Failed"
 

@@ -35,10 +35,10 @@ from typing import Any
 from aiohttp import web
 
 from api.v1alpha1 import Phase
-from controller import metrics
-from controller.classify import all_containers_restarting
-from controller.podspec import ARRIVAL_AUDIENCE, ARRIVALS_PATH
-from controller.views import PodView
+from controller.policy.classify import all_containers_restarting
+from controller.policy.podspec import ARRIVAL_AUDIENCE, ARRIVALS_PATH
+from controller.policy.views import PodView
+from controller.runtime import metrics
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +213,7 @@ class ArrivalBook:
 class TokenAuthenticator:
     """Checks a token by TokenReview (audience `gangjob.io/arrival`), cached by its hash.
 
-    `review` posts a TokenReview and returns the answer (`controller.kube` does it)."""
+    `review` posts a TokenReview and returns the answer (`controller.k8s` does it)."""
 
     def __init__(
         self,

@@ -23,8 +23,8 @@ from api.constants import (
     LABEL_RANK,
 )
 from api.v1alpha1 import GangJob, RestartMode
-from controller.classify import retriable_exit_codes
-from controller.views import ANNOTATION_CREATED_EPOCH, parse_quantity
+from controller.policy.classify import retriable_exit_codes
+from controller.policy.views import ANNOTATION_CREATED_EPOCH, parse_quantity
 
 RENDEZVOUS_PORT_NAME: Final = "rendezvous"
 

@@ -19,9 +19,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from controller import metrics
-from controller.clock import MONOTONIC, Clock
-from controller.kube import LEASES, AlreadyExists, ApiError, JsonDict, NotFound, ResourceKind
+from controller.k8s import LEASES, AlreadyExists, ApiError, JsonDict, NotFound, ResourceKind
+from controller.runtime import metrics
+from controller.runtime.clock import MONOTONIC, Clock
 
 __all__ = [
     "LeaderElectionConfig",
@@ -150,7 +150,7 @@ def renew_deadline_passed(last_renew: float, now: float, renew_deadline: float) 
 
 
 class LeaseClient(Protocol):
-    """The part of `controller.kube.Kube` leader election uses."""
+    """The part of `controller.k8s.Kube` leader election uses."""
 
     async def get(
         self,
