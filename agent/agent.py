@@ -24,7 +24,12 @@ from typing import Any, TypeVar
 from agent.apiclient import Api, ClientError, HttpClient
 from agent.arrival import AnnotationArrival, Arrival
 from agent.config import Config
-from agent.constants import (
+from agent.direct import DirectArrival, Streamer
+from agent.probe import ProbeServer
+from agent.protocol import Backoff, Barrier, JobState, arrived_epoch, barrier, target_epoch
+from agent.trainer import Trainer
+from agent.watch import JobWatcher
+from api.constants import (
     ENV_DIR,
     ENV_EPOCH,
     EPOCH_FILE,
@@ -32,11 +37,6 @@ from agent.constants import (
     STATE_FILE,
     UNKNOWN_EXIT_CODE,
 )
-from agent.direct import DirectArrival, Streamer
-from agent.probe import ProbeServer
-from agent.protocol import Backoff, Barrier, JobState, arrived_epoch, barrier, target_epoch
-from agent.trainer import Trainer
-from agent.watch import JobWatcher
 
 R = TypeVar("R")
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 from urllib.parse import urlencode, urlsplit
 
-from agent.constants import SERVICE_ACCOUNT_DIR
+from api.constants import SERVICE_ACCOUNT_DIR
 
 JsonDict = dict[str, Any]
 T = TypeVar("T")

@@ -1,5 +1,6 @@
-"""Builds `agent.pyz`: the agent package alone as an executable zipapp, to be copied into any
-image with python3 >= 3.11 (`python3 agent.pyz sidecar|wrap -- ...`)."""
+"""Builds `agent.pyz`: the agent package (and the protocol names of `api.constants`) as an
+executable zipapp, to be copied into any image with python3 >= 3.11 (`python3 agent.pyz
+sidecar|wrap -- ...`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import zipapp
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent
+API_CONSTANTS = PACKAGE.parent / "api" / "constants.py"
 INTERPRETER = "/usr/bin/env python3"
 _ROOT_MAIN = """\
 import sys
@@ -22,7 +24,8 @@ sys.exit(main())
 
 def build_zipapp(dest: Path) -> Path:
     """Writes the zipapp to `dest` (a file path, or a directory to hold `agent.pyz`) and returns
-    its path. Only the agent's sources go in: no bytecode, no tests."""
+    its path. Only the agent's sources and `api/constants.py` go in: no bytecode,
+    no tests."""
     dest = Path(dest)
     if dest.is_dir():
         dest = dest / "agent.pyz"
@@ -34,6 +37,11 @@ def build_zipapp(dest: Path) -> Path:
             root / "agent",
             ignore=lambda _d, names: [n for n in names if not n.endswith(".py")],
         )
+        # The protocol's names have one home, api/constants.py (standard library only): it goes
+        # in beside the agent, with an empty `api` package around it.
+        (root / "api").mkdir()
+        (root / "api" / "__init__.py").write_text("")
+        shutil.copy2(API_CONSTANTS, root / "api" / "constants.py")
         (root / "__main__.py").write_text(_ROOT_MAIN)
         zipapp.create_archive(root, dest, interpreter=INTERPRETER, compressed=True)
     return dest

@@ -21,7 +21,8 @@ from collections.abc import Sequence
 from agent.agent import Agent, Mode
 from agent.apiclient import HttpClient
 from agent.config import Config, ConfigError
-from agent.constants import (
+from agent.trainer import become_subreaper
+from api.constants import (
     DEFAULT_AGENT_PORT,
     DEFAULT_DIR,
     DEFAULT_KILL_GRACE_SECONDS,
@@ -37,7 +38,6 @@ from agent.constants import (
     ENV_POD_UID,
     RESTART_EXIT_CODE,
 )
-from agent.trainer import become_subreaper
 
 USAGE_EXIT_CODE = 2
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.constants import (
+from api.constants import (
     DEFAULT_AGENT_PORT,
     DEFAULT_ARRIVAL_TOKEN,
     DEFAULT_DIR,

@@ -26,8 +26,8 @@ from typing import Any, Protocol
 from agent.apiclient import ApiError, ClientError, JsonDict
 from agent.arrival import Arrival
 from agent.config import Config
-from agent.constants import ARRIVALS_PATH
 from agent.protocol import Backoff, JobState
+from api.constants import ARRIVALS_PATH
 
 STREAM_INACTIVITY_SECONDS = 90.0
 """The controller writes the state line again every 30 s; this long silent is a dead stream."""

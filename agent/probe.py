@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
-from agent.constants import BARRIER_PATH, HEALTHZ_PATH
+from api.constants import BARRIER_PATH, HEALTHZ_PATH
 
 _REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
 # The kubelet sends a handful of headers; anything bigger or slower is not a probe.

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from agent.constants import ANNOTATION_EPOCH, ANNOTATION_EXIT
+from api.constants import ANNOTATION_EPOCH, ANNOTATION_EXIT
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 

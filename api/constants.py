@@ -1,9 +1,12 @@
-"""Protocol names of GangJob (DESIGN.md sections 3 and 3b): API group and resource names, the
-labels and annotations on worker pods, condition types and worker environment variables.
+"""Every protocol name of GangJob, in one place (docs/design.md sections 3 and 3b): API group and
+resource names, the labels and annotations on worker pods, condition types and reasons, worker
+environment variables, and the agent's contract with the pod builder (exit code, ports, paths).
 
-Standard library only, so that any layer (and a copy in the agent) can use these strings.
+Standard library only: the controller, the API models and the agent all import it, and the
+agent's zipapp (agent/build.py) bundles it, so no name is spelled twice.
 """
 
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Final
 
@@ -27,6 +30,15 @@ ANNOTATION_EPOCH: Final = "gangjob.io/epoch"
 """The epoch this worker has arrived at (decimal integer)."""
 ANNOTATION_EXIT: Final = "gangjob.io/exit"
 """`Process` mode: the trainer's last exit, as `<epoch>:<code>`."""
+
+# Annotations the controller writes on a worker pod when it creates it.
+ANNOTATION_CREATED_EPOCH: Final = "gangjob.io/created-epoch"
+"""The `status.epoch` at which the controller created the pod (written by the controller, at
+creation only)."""
+ANNOTATION_RESTART_MODE: Final = "gangjob.io/restart-mode"
+"""The restart mode the controller built the pod for (written at creation only): the mode
+fallback deletes pods built for another mode, and tells `Pod`-mode pods whose restart rules the
+apiserver dropped from `Process`-mode pods that never had any."""
 
 HISTORY_LIMIT: Final = 10
 """`status.history` keeps the last this many restarts (the CRD rejects more)."""
@@ -52,3 +64,111 @@ class ConditionType(StrEnum):
     SUSPENDED = "Suspended"
     MODE_DEGRADED = "ModeDegraded"
     """The cluster cannot honour `spec.restart.mode`; `status.mode` says what runs instead."""
+
+
+# --- condition and Event reasons (CamelCase) ------------------------------------------------------
+REASON_WORKERS_READY: Final = "AllWorkersReady"
+REASON_WORKERS_NOT_READY: Final = "WorkersNotReady"
+REASON_WORKERS_CREATED: Final = "WorkersCreated"
+REASON_ALL_SUCCEEDED: Final = "AllWorkersSucceeded"
+REASON_RANK0_SUCCEEDED: Final = "Rank0Succeeded"
+REASON_SUSPENDED: Final = "Suspended"
+REASON_RESUMED: Final = "Resumed"
+REASON_SUCCEEDED: Final = "Succeeded"
+REASON_FAILED: Final = "Failed"
+REASON_JOB_FINISHED: Final = "JobFinished"
+REASON_STRAY_POD: Final = "StrayPod"
+REASON_NON_RETRIABLE_EXIT: Final = "NonRetriableExitCode"
+REASON_FAILURE_POLICY: Final = "FailurePolicy"
+"""The job failed by a `FailJob` rule that matched something else than an exit code."""
+REASON_MAX_RESTARTS: Final = "MaxRestartsExceeded"
+REASON_GANG_RESTARTING: Final = "GangRestarting"
+REASON_GANG_RESTARTED: Final = "GangRestarted"
+REASON_BARRIER_OPEN: Final = "BarrierOpen"
+REASON_WORKER_RECREATED: Final = "WorkerRecreated"
+REASON_FORCE_DELETED: Final = "ForceDeleted"
+REASON_NODES_LACK_FEATURE: Final = "NodesLackRestartAllContainers"
+REASON_RULES_DROPPED: Final = "RestartRulesDropped"
+REASON_MODE_HONOURED: Final = "ModeHonoured"
+REASON_MODE_CHANGED: Final = "RestartModeChanged"
+REASON_INVALID_TEMPLATE: Final = "InvalidPodTemplate"
+
+
+# --- the agent's contract with the pod builder -------------------------------------------------
+# The agent reads these (it is standard library only: its zipapp bundles this module with it), and
+# controller.policy.podspec builds the pod to match.
+RESTART_EXIT_CODE: Final = 86
+"""`Pod` mode: the agent exits with this code when the gang moved to a newer epoch; the pod's
+`RestartAllContainers` rule on the agent container matches exactly this code."""
+
+ENV_POD_NAME: Final = "POD_NAME"
+ENV_POD_NAMESPACE: Final = "POD_NAMESPACE"
+ENV_AGENT_PORT: Final = "GANGJOB_AGENT_PORT"
+ENV_DIR: Final = "GANGJOB_DIR"
+ENV_KILL_GRACE_SECONDS: Final = "GANGJOB_KILL_GRACE_SECONDS"
+ENV_POD_UID: Final = "POD_UID"
+ENV_ARRIVAL_URL: Final = "GANGJOB_ARRIVAL_URL"
+"""The controller's arrival endpoint (`http://host:port`); unset: arrive by annotation only."""
+ENV_ARRIVAL_TOKEN: Final = "GANGJOB_ARRIVAL_TOKEN_FILE"
+ENV_EPOCH: Final = "GANGJOB_EPOCH"
+"""Set by the agent in the trainer's environment (`Process` mode): the epoch it runs at."""
+
+DEFAULT_AGENT_PORT: Final = 9445
+DEFAULT_DIR: Final = "/gangjob"
+DEFAULT_KILL_GRACE_SECONDS: Final = 10.0
+EPOCH_FILE: Final = "epoch"
+"""Name of the file in `$GANGJOB_DIR` holding the epoch whose barrier opened (decimal + LF)."""
+
+BARRIER_PATH: Final = "/barrier"
+"""Probe path: 200 once the barrier of the agent's epoch is open, else 503."""
+HEALTHZ_PATH: Final = "/healthz"
+
+STATE_FILE: Final = ".gangjob-agent.json"
+"""In `$GANGJOB_DIR` (kept across a KEP-5532 restart of the pod): the pod UID, the epoch the
+agent last arrived at and the newest `status.epoch` it saw, so that a restarted agent knows
+where it stands without reading its pod and its GangJob."""
+
+ARRIVALS_PATH: Final = "/v1/arrivals"
+"""The controller's arrival endpoint (docs/design.md section 3): POST a report, read the
+GangJob's state as a stream of JSON lines while the report holds."""
+ARRIVAL_AUDIENCE: Final = "gangjob.io/arrival"
+"""Audience of the projected service-account token the agent shows the controller: the
+apiserver rejects it for anything else, so a leaked one opens nothing but this endpoint."""
+DEFAULT_ARRIVAL_TOKEN: Final = "/var/run/secrets/gangjob.io/arrival/token"
+
+SERVICE_ACCOUNT_DIR: Final = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+UNKNOWN_EXIT_CODE: Final = -1
+"""Reported as `gangjob.io/exit: "<E>:-1"` by an agent whose pod restarted under it at an epoch
+it had arrived at: the trainer failed at E, and the kubelet kept no exit code (KEP-5532). The
+controller may have missed the moment (it was down); this report is the durable trace."""
+
+# --- what only the pod builder names --------------------------------------------------------------
+
+AGENT_CONTAINER: Final = "gangjob-agent"
+"""`Pod` and `Recreate` modes: the agent as a native sidecar (restartable init container)."""
+AGENT_INSTALL_CONTAINER: Final = "gangjob-agent-install"
+"""`Process` mode: the init container that copies the agent's zipapp into the shared volume."""
+AGENT_PORT_NAME: Final = "gangjob-agent"
+AGENT_VOLUME: Final = "gangjob"
+"""The emptyDir mounted at `DEFAULT_DIR`: the agent writes the `epoch` file there (and, in
+`Process` mode, the zipapp is copied there)."""
+AGENT_TOKEN_VOLUME: Final = "gangjob-token"
+ARRIVAL_TOKEN_VOLUME: Final = "gangjob-arrival-token"
+"""A token bound to the pod for the audience `gangjob.io/arrival`: the agent shows it to the
+controller's arrival endpoint (controller.arrivals), and it opens nothing else."""
+ARRIVAL_TOKEN_SECONDS: Final = 3600
+AGENT_IMAGE_ZIPAPP: Final = "/opt/gangjob/agent.pyz"
+"""Where the agent image holds the zipapp; its entrypoint is `python3` on it."""
+WRAPPED_ZIPAPP: Final = f"{DEFAULT_DIR}/agent.pyz"
+WORKER_SERVICE_ACCOUNT: Final = "gangjob-worker"
+"""The ServiceAccount of worker pods whose template names none (see controller.workeraccess)."""
+
+AGENT_RESOURCES: Final[Mapping[str, str]] = {"cpu": "100m", "memory": "64Mi"}
+"""Requests of the agent containers: an idle asyncio process holding one watch (~25 MiB RSS).
+The CPU is not for steady state but for Python's start-up on every restart, which a 10m share
+would stretch to seconds."""
+BARRIER_PROBE_SLACK_SECONDS: Final = 60
+"""The barrier probe outlasts `spec.restart.barrierTimeoutSeconds` by this much, so that the
+controller, not the kubelet, acts on a worker that never arrives: a failed startup probe would
+kill the waiting agent and make it look failed at an epoch it never ran."""

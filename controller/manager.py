@@ -18,7 +18,10 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from api.constants import ANNOTATION_EPOCH
+from api.constants import (
+    ANNOTATION_EPOCH,
+    LABEL_NAME,
+)
 from controller import arrivals
 from controller.arrivals import ArrivalBook, TokenAuthenticator
 from controller.k8s import (
@@ -36,7 +39,6 @@ from controller.k8s.leader import LeaderElectionConfig, LeaderElector
 from controller.k8s.store import (
     BY_GANGJOB,
     BY_NODE,
-    GANGJOB_LABEL,
     Store,
     StoreEvent,
     gangjob_index,
@@ -114,12 +116,12 @@ class Manager:
             kube,
             PODS,
             namespace=ns,
-            label_selector=GANGJOB_LABEL,  # only pods of some gang
+            label_selector=LABEL_NAME,  # only pods of some gang
             indexers={BY_GANGJOB: gangjob_index, BY_NODE: node_index},
             handlers=[self._on_pod],
         )
         self.nodes = Store(kube, NODES, handlers=[self._on_node])
-        self.services = Store(kube, SERVICES, namespace=ns, label_selector=GANGJOB_LABEL)
+        self.services = Store(kube, SERVICES, namespace=ns, label_selector=LABEL_NAME)
         self.arrivals = ArrivalBook()
         self.reconciler = Reconciler(
             kube,

@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 from typing import Final, Protocol
 
+from api.constants import WORKER_SERVICE_ACCOUNT
 from controller.k8s import AlreadyExists, ApiError, Forbidden, JsonDict, ResourceKind
-from controller.policy.podspec import WORKER_SERVICE_ACCOUNT
 
 log = logging.getLogger(__name__)
 

@@ -31,6 +31,7 @@ def parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("build", help="build the pinned binaries that are missing from the cache")
     b.add_argument("--force", action="store_true", help="rebuild even what is cached")
+    b.add_argument("--jobset", action="store_true", help="also build JobSet, the benchmark's peer")
 
     u = sub.add_parser("up", help="start a cluster (prints KUBECONFIG=<path> last)")
     u.add_argument("--profile", choices=["sim", "node"], default="sim")
@@ -76,6 +77,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{b.name:24} {b.version:8} {b.path}")
             if not built:
                 print(f"all binaries cached in {cache_root()}", file=sys.stderr)
+            if args.jobset:
+                from localcluster import jobset
+
+                path = jobset.ensure_built(sys.stderr, force=args.force)
+                print(f"{'jobset-controller':24} {jobset.binary_path().parent.name:8} {path}")
             return 0
         if args.cmd == "up":
             cluster = Cluster(args.name or args.profile)

@@ -41,7 +41,7 @@ from typing import Any
 from agent.agent import Agent, AgentState, Mode
 from agent.apiclient import ApiError, ClientError, HttpClient
 from agent.config import Config
-from agent.constants import ARRIVAL_AUDIENCE, RESTART_EXIT_CODE
+from api.constants import ARRIVAL_AUDIENCE, RESTART_EXIT_CODE
 from localcluster.cluster import SIMULATED_KUBELET_LABEL
 
 log = logging.getLogger(__name__)

@@ -34,9 +34,9 @@ from typing import Any
 
 from aiohttp import web
 
+from api.constants import ARRIVAL_AUDIENCE, ARRIVALS_PATH
 from api.v1alpha1 import Phase
 from controller.policy.classify import all_containers_restarting
-from controller.policy.podspec import ARRIVAL_AUDIENCE, ARRIVALS_PATH
 from controller.policy.views import PodView
 from controller.runtime import metrics
 

@@ -16,13 +16,13 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from api.constants import LABEL_NAME
 from controller.k8s import ApiError, Gone, JsonDict, ObjectList, ResourceKind, WatchEvent
 from controller.runtime.clock import MONOTONIC, Clock
 
 __all__ = [
     "BY_GANGJOB",
     "BY_NODE",
-    "GANGJOB_LABEL",
     "EventHandler",
     "IndexFunc",
     "ListWatcher",
@@ -35,7 +35,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-GANGJOB_LABEL = "gangjob.io/name"
 BY_GANGJOB = "gangjob"
 BY_NODE = "node"
 
@@ -53,7 +52,7 @@ def object_key(obj: Mapping[str, Any]) -> str:
 def gangjob_index(pod: JsonDict) -> list[str]:
     """A gang pod's GangJob key, `<ns>/<gangjob.io/name label>`."""
     meta = pod.get("metadata") or {}
-    job = (meta.get("labels") or {}).get(GANGJOB_LABEL)
+    job = (meta.get("labels") or {}).get(LABEL_NAME)
     namespace = meta.get("namespace")
     return [f"{namespace}/{job}"] if job and namespace else []
 

@@ -21,7 +21,36 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 
-from api.constants import AVOID_NODES_LIMIT, HISTORY_LIMIT, ConditionType
+from api.constants import (
+    ANNOTATION_RESTART_MODE,
+    AVOID_NODES_LIMIT,
+    HISTORY_LIMIT,
+    REASON_ALL_SUCCEEDED,
+    REASON_BARRIER_OPEN,
+    REASON_FAILED,
+    REASON_FAILURE_POLICY,
+    REASON_FORCE_DELETED,
+    REASON_GANG_RESTARTED,
+    REASON_GANG_RESTARTING,
+    REASON_INVALID_TEMPLATE,
+    REASON_JOB_FINISHED,
+    REASON_MAX_RESTARTS,
+    REASON_MODE_CHANGED,
+    REASON_MODE_HONOURED,
+    REASON_NODES_LACK_FEATURE,
+    REASON_NON_RETRIABLE_EXIT,
+    REASON_RANK0_SUCCEEDED,
+    REASON_RESUMED,
+    REASON_RULES_DROPPED,
+    REASON_STRAY_POD,
+    REASON_SUCCEEDED,
+    REASON_SUSPENDED,
+    REASON_WORKER_RECREATED,
+    REASON_WORKERS_CREATED,
+    REASON_WORKERS_NOT_READY,
+    REASON_WORKERS_READY,
+    ConditionType,
+)
 from api.v1alpha1 import (
     Condition,
     ConditionStatus,
@@ -39,7 +68,7 @@ from api.v1alpha1 import (
 from controller.policy import classify, nodematch, podspec
 from controller.policy.classify import Decision, FailureClass
 from controller.policy.conditions import get_condition, is_true, set_condition
-from controller.policy.views import ANNOTATION_RESTART_MODE, NodeView, PodView
+from controller.policy.views import NodeView, PodView
 
 # Pod phases (core/v1).
 POD_RUNNING: Final = "Running"
@@ -47,32 +76,6 @@ POD_SUCCEEDED: Final = "Succeeded"
 POD_FAILED: Final = "Failed"
 _POD_TERMINAL: Final = frozenset({POD_SUCCEEDED, POD_FAILED})
 
-# Condition reasons and Event reasons (CamelCase).
-REASON_WORKERS_READY: Final = "AllWorkersReady"
-REASON_WORKERS_NOT_READY: Final = "WorkersNotReady"
-REASON_WORKERS_CREATED: Final = "WorkersCreated"
-REASON_ALL_SUCCEEDED: Final = "AllWorkersSucceeded"
-REASON_RANK0_SUCCEEDED: Final = "Rank0Succeeded"
-REASON_SUSPENDED: Final = "Suspended"
-REASON_RESUMED: Final = "Resumed"
-REASON_SUCCEEDED: Final = "Succeeded"
-REASON_FAILED: Final = "Failed"
-REASON_JOB_FINISHED: Final = "JobFinished"
-REASON_STRAY_POD: Final = "StrayPod"
-REASON_NON_RETRIABLE_EXIT: Final = "NonRetriableExitCode"
-REASON_FAILURE_POLICY: Final = "FailurePolicy"
-"""The job failed by a `FailJob` rule that matched something else than an exit code."""
-REASON_MAX_RESTARTS: Final = "MaxRestartsExceeded"
-REASON_GANG_RESTARTING: Final = "GangRestarting"
-REASON_GANG_RESTARTED: Final = "GangRestarted"
-REASON_BARRIER_OPEN: Final = "BarrierOpen"
-REASON_WORKER_RECREATED: Final = "WorkerRecreated"
-REASON_FORCE_DELETED: Final = "ForceDeleted"
-REASON_NODES_LACK_FEATURE: Final = "NodesLackRestartAllContainers"
-REASON_RULES_DROPPED: Final = "RestartRulesDropped"
-REASON_MODE_HONOURED: Final = "ModeHonoured"
-REASON_MODE_CHANGED: Final = "RestartModeChanged"
-REASON_INVALID_TEMPLATE: Final = "InvalidPodTemplate"
 
 FEATURE_RESTART_ALL_CONTAINERS: Final = "RestartAllContainersOnContainerExits"
 """What a node declares (`status.declaredFeatures`) when its kubelet does KEP-5532."""

@@ -10,21 +10,48 @@ from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar, Final
 
 from api.constants import (
+    AGENT_CONTAINER,
+    AGENT_IMAGE_ZIPAPP,
+    AGENT_INSTALL_CONTAINER,
+    AGENT_PORT_NAME,
+    AGENT_RESOURCES,
+    AGENT_TOKEN_VOLUME,
+    AGENT_VOLUME,
+    ANNOTATION_CREATED_EPOCH,
     ANNOTATION_EPOCH,
     ANNOTATION_EXIT,
     API_VERSION,
+    ARRIVAL_AUDIENCE,
+    ARRIVAL_TOKEN_SECONDS,
+    ARRIVAL_TOKEN_VOLUME,
+    BARRIER_PATH,
+    BARRIER_PROBE_SLACK_SECONDS,
+    DEFAULT_AGENT_PORT,
+    DEFAULT_ARRIVAL_TOKEN,
+    DEFAULT_DIR,
+    ENV_AGENT_PORT,
+    ENV_ARRIVAL_TOKEN,
+    ENV_ARRIVAL_URL,
+    ENV_DIR,
     ENV_GANGJOB_NAME,
     ENV_MASTER_ADDR,
     ENV_MASTER_PORT,
+    ENV_POD_NAME,
+    ENV_POD_NAMESPACE,
+    ENV_POD_UID,
     ENV_RANK,
     ENV_WORLD_SIZE,
     KIND,
     LABEL_NAME,
     LABEL_RANK,
+    RESTART_EXIT_CODE,
+    SERVICE_ACCOUNT_DIR,
+    WORKER_SERVICE_ACCOUNT,
+    WRAPPED_ZIPAPP,
 )
 from api.v1alpha1 import GangJob, RestartMode
 from controller.policy.classify import retriable_exit_codes
-from controller.policy.views import ANNOTATION_CREATED_EPOCH, parse_quantity
+from controller.policy.views import parse_quantity
 
 RENDEZVOUS_PORT_NAME: Final = "rendezvous"
 
@@ -182,54 +209,6 @@ def build_pod(
     return apply_restart_mode(pod, job, mode, agent_image, arrival_url)
 
 
-# --- the agent's contract ---------------------------------------------------------------------
-# A mirror of agent/constants.py (podspec imports nothing from the agent, which ships alone as a
-# zipapp; tests/unit/test_podspec.py keeps the two equal), plus what only the pod builder names.
-
-RESTART_EXIT_CODE: Final = 86
-"""`Pod` mode: the agent exits with this code when the gang moved to a newer epoch."""
-ENV_POD_NAME: Final = "POD_NAME"
-ENV_POD_NAMESPACE: Final = "POD_NAMESPACE"
-ENV_AGENT_PORT: Final = "GANGJOB_AGENT_PORT"
-ENV_DIR: Final = "GANGJOB_DIR"
-ENV_POD_UID: Final = "POD_UID"
-ENV_ARRIVAL_URL: Final = "GANGJOB_ARRIVAL_URL"
-ENV_ARRIVAL_TOKEN: Final = "GANGJOB_ARRIVAL_TOKEN_FILE"
-ARRIVALS_PATH: Final = "/v1/arrivals"
-ARRIVAL_AUDIENCE: Final = "gangjob.io/arrival"
-DEFAULT_ARRIVAL_TOKEN: Final = "/var/run/secrets/gangjob.io/arrival/token"
-DEFAULT_AGENT_PORT: Final = 9445
-DEFAULT_DIR: Final = "/gangjob"
-BARRIER_PATH: Final = "/barrier"
-SERVICE_ACCOUNT_DIR: Final = "/var/run/secrets/kubernetes.io/serviceaccount"
-
-AGENT_CONTAINER: Final = "gangjob-agent"
-"""`Pod` and `Recreate` modes: the agent as a native sidecar (restartable init container)."""
-AGENT_INSTALL_CONTAINER: Final = "gangjob-agent-install"
-"""`Process` mode: the init container that copies the agent's zipapp into the shared volume."""
-AGENT_PORT_NAME: Final = "gangjob-agent"
-AGENT_VOLUME: Final = "gangjob"
-"""The emptyDir mounted at `DEFAULT_DIR`: the agent writes the `epoch` file there (and, in
-`Process` mode, the zipapp is copied there)."""
-AGENT_TOKEN_VOLUME: Final = "gangjob-token"
-ARRIVAL_TOKEN_VOLUME: Final = "gangjob-arrival-token"
-"""A token bound to the pod for the audience `gangjob.io/arrival`: the agent shows it to the
-controller's arrival endpoint (controller.arrivals), and it opens nothing else."""
-ARRIVAL_TOKEN_SECONDS: Final = 3600
-AGENT_IMAGE_ZIPAPP: Final = "/opt/gangjob/agent.pyz"
-"""Where the agent image holds the zipapp; its entrypoint is `python3` on it."""
-WRAPPED_ZIPAPP: Final = f"{DEFAULT_DIR}/agent.pyz"
-WORKER_SERVICE_ACCOUNT: Final = "gangjob-worker"
-"""The ServiceAccount of worker pods whose template names none (see controller.workeraccess)."""
-
-AGENT_RESOURCES: Final[Mapping[str, str]] = {"cpu": "100m", "memory": "64Mi"}
-"""Requests of the agent containers: an idle asyncio process holding one watch (~25 MiB RSS).
-The CPU is not for steady state but for Python's start-up on every restart, which a 10m share
-would stretch to seconds."""
-BARRIER_PROBE_SLACK_SECONDS: Final = 60
-"""The barrier probe outlasts `spec.restart.barrierTimeoutSeconds` by this much, so that the
-controller, not the kubelet, acts on a worker that never arrives: a failed startup probe would
-kill the waiting agent and make it look failed at an epoch it never ran."""
 _RESTART_ALL_CONTAINERS: Final = "RestartAllContainers"
 
 

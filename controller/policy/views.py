@@ -15,16 +15,13 @@ from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any, Final, Literal
 
-from api.constants import ANNOTATION_EPOCH, ANNOTATION_EXIT, LABEL_RANK
-
-ANNOTATION_CREATED_EPOCH: Final = "gangjob.io/created-epoch"
-"""The `status.epoch` at which the controller created the pod (written by the controller, at
-creation only). It belongs beside the agent's annotations in `api.constants`; it lives here until
-the agent needs it too."""
-ANNOTATION_RESTART_MODE: Final = "gangjob.io/restart-mode"
-"""The restart mode the controller built the pod for (written at creation only): the mode
-fallback deletes pods built for another mode, and tells `Pod`-mode pods whose restart rules the
-apiserver dropped from `Process`-mode pods that never had any."""
+from api.constants import (
+    ANNOTATION_CREATED_EPOCH,
+    ANNOTATION_EPOCH,
+    ANNOTATION_EXIT,
+    ANNOTATION_RESTART_MODE,
+    LABEL_RANK,
+)
 
 ContainerStateName = Literal["running", "waiting", "terminated"]
 NodeReady = Literal["True", "False", "Unknown"]

@@ -19,7 +19,7 @@ import yaml
 from agent.agent import Agent, AgentState, Mode, Step
 from agent.apiclient import HttpClient, ssl_context
 from agent.config import Config
-from agent.constants import ANNOTATION_EPOCH, ANNOTATION_EXIT, RESTART_EXIT_CODE
+from api.constants import ANNOTATION_EPOCH, ANNOTATION_EXIT, RESTART_EXIT_CODE
 from controller.k8s import CRDS, GANGJOBS, PODS, AlreadyExists, JsonDict, Kube
 from localcluster.cluster import Cluster
 from tests.unit.test_agent_http import fetch

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from api.constants import ANNOTATION_EPOCH, ANNOTATION_EXIT, LABEL_NAME
+from api.constants import ANNOTATION_CREATED_EPOCH as CREATED_EPOCH
+from api.constants import ANNOTATION_EPOCH, ANNOTATION_EXIT, LABEL_NAME, WORKER_SERVICE_ACCOUNT
 from api.v1alpha1 import GangJob, RestartMode, parse_gangjob
 from controller.k8s import GANGJOBS, PODS, ApiError, Forbidden, Invalid, JsonDict, Kube
-from controller.policy.podspec import WORKER_SERVICE_ACCOUNT, build_pod
-from controller.policy.views import ANNOTATION_CREATED_EPOCH as CREATED_EPOCH
+from controller.policy.podspec import build_pod
 from controller.workeraccess import ROLE_BINDINGS, SERVICE_ACCOUNTS, WorkerAccess
 from localcluster.cluster import Cluster
 from localcluster.tools import token_kubeconfig

@@ -22,9 +22,9 @@ from aiohttp import web
 
 from agent.agent import Agent, Step
 from agent.apiclient import ApiError, HttpClient
-from agent.constants import ANNOTATION_EPOCH, RESTART_EXIT_CODE
 from agent.protocol import JobState
 from agent.watch import newest
+from api.constants import ANNOTATION_EPOCH, RESTART_EXIT_CODE
 from api.v1alpha1 import GangJobStatus
 from controller import arrivals
 from controller.arrivals import (

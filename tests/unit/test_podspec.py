@@ -7,9 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from api.constants import ENV_GANGJOB_NAME
 from api.v1alpha1 import FailureAction, GangJob, GangJobStatus, RestartMode
-from controller.policy import podspec
 from controller.policy.classify import exit_code_action
 from controller.policy.podspec import (
     PodSpecError,
@@ -168,31 +166,6 @@ def test_a_job_without_uid_cannot_own_pods() -> None:
     job = job.model_copy(update={"metadata": job.metadata.model_copy(update={"uid": None})})
     with pytest.raises(ValueError, match="uid"):
         build_pod(job, 0, AGENT)
-
-
-# --- the agent's contract ----------------------------------------------------------------------
-
-
-def test_agent_contract_mirrors_the_agent() -> None:
-    """podspec keeps its own copy of the agent's contract (it imports nothing from agent/)."""
-    from agent import constants as agent
-
-    assert podspec.RESTART_EXIT_CODE == agent.RESTART_EXIT_CODE
-    assert podspec.ENV_POD_NAME == agent.ENV_POD_NAME
-    assert podspec.ENV_POD_NAMESPACE == agent.ENV_POD_NAMESPACE
-    assert podspec.ENV_AGENT_PORT == agent.ENV_AGENT_PORT
-    assert podspec.ENV_DIR == agent.ENV_DIR
-    assert podspec.DEFAULT_AGENT_PORT == agent.DEFAULT_AGENT_PORT
-    assert podspec.DEFAULT_DIR == agent.DEFAULT_DIR
-    assert podspec.BARRIER_PATH == agent.BARRIER_PATH
-    assert podspec.SERVICE_ACCOUNT_DIR == agent.SERVICE_ACCOUNT_DIR
-    assert ENV_GANGJOB_NAME == agent.ENV_GANGJOB_NAME
-    assert podspec.ENV_POD_UID == agent.ENV_POD_UID
-    assert podspec.ENV_ARRIVAL_URL == agent.ENV_ARRIVAL_URL
-    assert podspec.ENV_ARRIVAL_TOKEN == agent.ENV_ARRIVAL_TOKEN
-    assert podspec.ARRIVALS_PATH == agent.ARRIVALS_PATH
-    assert podspec.ARRIVAL_AUDIENCE == agent.ARRIVAL_AUDIENCE
-    assert podspec.DEFAULT_ARRIVAL_TOKEN == agent.DEFAULT_ARRIVAL_TOKEN
 
 
 # --- Pod mode ----------------------------------------------------------------------------------
