@@ -1,6 +1,7 @@
 """Test tiers and their clusters.
 
-Tests run against clusters of their own, named ``test-sim`` and ``test-node``, started through
+Tests run against clusters of their own, named ``test-sim`` and ``test-node`` (the prefix is
+``$GANGJOB_TEST_CLUSTERS`` when set), started through
 ``localcluster`` on ports of their own; they never read the user's KUBECONFIG. A test cluster
 that is already up (a developer's ``localcluster up --name test-sim`` for quick iterations) is
 reused and left running; one this session started is stopped at its end, unless
@@ -21,8 +22,11 @@ import pytest
 from controller.k8s import NAMESPACES, PODS, Kube, NotFound
 from localcluster.cluster import Cluster, Options
 
-SIM_NAME = "test-sim"
-NODE_NAME = "test-node"
+# GANGJOB_TEST_CLUSTERS=<prefix> gives a run clusters of its own (`<prefix>-sim`, `<prefix>-node`),
+# so that two test runs on one machine do not share (and stop) each other's clusters.
+_PREFIX = os.environ.get("GANGJOB_TEST_CLUSTERS", "test")
+SIM_NAME = f"{_PREFIX}-sim"
+NODE_NAME = f"{_PREFIX}-node"
 # What the integration tests need of the simulated cluster: a few nodes, with GPUs to lose.
 SIM_OPTIONS = Options(profile="sim", nodes=4, gpus_per_node=8)
 NODE_OPTIONS = Options(profile="node", nodes=1)
