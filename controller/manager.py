@@ -22,8 +22,9 @@ from api.constants import (
     ANNOTATION_EPOCH,
     LABEL_NAME,
 )
-from controller import arrivals
-from controller.arrivals import ArrivalBook, TokenAuthenticator
+from controller.arrivals.auth import TokenAuthenticator
+from controller.arrivals.book import ArrivalBook
+from controller.arrivals.server import arrivals_app
 from controller.k8s import (
     GANGJOBS,
     LEASES,
@@ -280,7 +281,7 @@ class Manager:
             servers.append(server)
         if self.settings.arrival_address is not None:
             host, port = self.settings.arrival_address
-            app = arrivals.make_app(
+            app = arrivals_app(
                 self.arrivals,
                 self.authenticator.authenticate,
                 self.jobs.get,

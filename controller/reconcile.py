@@ -23,7 +23,7 @@ from opentelemetry.trace import Tracer
 
 from api.constants import API_VERSION, KIND
 from api.v1alpha1 import GangJob, GangJobStatus, dump_status, parse_gangjob
-from controller.arrivals import ArrivalBook
+from controller.arrivals.book import ArrivalBook
 from controller.k8s import (
     CORE_EVENTS,
     GANGJOBS,

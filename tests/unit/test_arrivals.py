@@ -26,17 +26,10 @@ from agent.protocol import JobState
 from agent.watch import newest
 from api.constants import ANNOTATION_EPOCH, RESTART_EXIT_CODE
 from api.v1alpha1 import GangJobStatus
-from controller import arrivals
-from controller.arrivals import (
-    ArrivalBook,
-    BadReport,
-    Identity,
-    Report,
-    Unauthorized,
-    identity_of,
-    parse_report,
-    with_report,
-)
+from controller.arrivals import auth as arrival_auth
+from controller.arrivals.auth import Identity, Unauthorized, identity_of
+from controller.arrivals.book import ArrivalBook, Report, with_report
+from controller.arrivals.server import BadReport, arrivals_app, parse_report
 from controller.policy.plan import arrived_by_barrier
 from controller.policy.views import PodView
 from localcluster.tools import free_port
@@ -146,7 +139,7 @@ async def test_token_reviews_are_cached() -> None:
         calls.append(body)
         return BOUND
 
-    auth = arrivals.TokenAuthenticator(post)
+    auth = arrival_auth.TokenAuthenticator(post)
     for _ in range(3):
         assert await auth.authenticate("t") == Identity(NS, "train-0", "u0")
     assert len(calls) == 1
@@ -166,14 +159,14 @@ async def test_a_verdict_is_kept_no_longer_than_its_token_lives() -> None:
         calls += 1
         return BOUND
 
-    auth = arrivals.TokenAuthenticator(post)
+    auth = arrival_auth.TokenAuthenticator(post)
     live, dead = jwt(exp=time.time() + 3000), jwt(exp=time.time() - 1)
     for token in (live, live, dead, dead):
         await auth.authenticate(token)
     assert calls == 3  # the live one once, the expired one every time
-    assert arrivals.token_expiry(jwt(exp=123)) == 123
-    assert arrivals.token_expiry("not-a-jwt") is None
-    assert arrivals.token_expiry(jwt(sub="x")) is None
+    assert arrival_auth.token_expiry(jwt(exp=123)) == 123
+    assert arrival_auth.token_expiry("not-a-jwt") is None
+    assert arrival_auth.token_expiry(jwt(sub="x")) is None
 
 
 T0 = datetime(2026, 5, 1, 10, 0, tzinfo=UTC)
@@ -253,7 +246,7 @@ async def controller() -> AsyncIterator[Controller]:
         pod, uid = token.split("/")
         return Identity(NS, pod, uid)
 
-    app = arrivals.make_app(
+    app = arrivals_app(
         book,
         authenticate,
         lambda key: fake.job if key == f"{NS}/{JOB}" else None,

@@ -1,0 +1,191 @@
+"""The arrival endpoint `POST /v1/arrivals` (docs/design.md section 3): parse a report, check
+who sends it (controller.arrivals.auth), record it in the book (controller.arrivals.book), and
+answer with a stream of the GangJob's state, one JSON line per change of `status.epoch`,
+`barrierEpoch` or `phase` in this controller's cache (so only what is stored in the apiserver),
+which spares every agent its own watch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from api.constants import ARRIVALS_PATH
+from api.v1alpha1 import Phase
+from controller.arrivals.auth import Identity, Unauthorized
+from controller.arrivals.book import ArrivalBook, Report
+from controller.runtime import metrics
+
+log = logging.getLogger(__name__)
+
+JsonDict = dict[str, Any]
+HEARTBEAT_SECONDS = 30.0
+"""The state line is sent again this often on an idle stream: the agent's inactivity timeout
+(90 s) tells a dead controller from a quiet gang."""
+TERMINAL = frozenset({Phase.SUCCEEDED, Phase.FAILED})
+
+
+@dataclass(frozen=True)
+class Posted:
+    """A parsed report request."""
+
+    namespace: str
+    job: str
+    pod: str
+    report: Report
+
+
+class BadReport(ValueError):
+    """The body is not a report; the message names the field."""
+
+
+def parse_report(body: Any) -> Posted:
+    """The request body as a report, or `BadReport` naming the field that is wrong."""
+    if not isinstance(body, dict):
+        raise BadReport("the body must be a JSON object")
+
+    def text(name: str) -> str:
+        value = body.get(name)
+        if not isinstance(value, str) or not value:
+            raise BadReport(f"{name}: a non-empty string is required")
+        return value
+
+    def epoch(value: Any, name: str) -> int:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise BadReport(f"{name}: a non-negative integer is required")
+        return value
+
+    at = epoch(body.get("epoch"), "epoch")
+    exit: tuple[int, int | None] | None = None
+    raw = body.get("exit")
+    if raw is not None:
+        if not isinstance(raw, list) or len(raw) != 2:
+            raise BadReport("exit: [epoch, code] or null is required")
+        code = raw[1]
+        if not isinstance(code, int) or isinstance(code, bool):
+            raise BadReport("exit[1]: an integer exit code is required")
+        # -1: the pod restarted under the agent and the kubelet kept no code (as the annotation)
+        exit = (epoch(raw[0], "exit[0]"), None if code < 0 else code)
+    return Posted(text("namespace"), text("job"), text("pod"), Report(text("uid"), at, exit))
+
+
+def state_line(job: JsonDict) -> bytes:
+    """A GangJob's protocol state as one line of the stream (watch-event shaped, so that the
+    agent reads it with the parser of its watch)."""
+    status = job.get("status") or {}
+    obj = {
+        "metadata": {"name": (job.get("metadata") or {}).get("name", "")},
+        "status": {k: status.get(k) for k in ("epoch", "barrierEpoch", "phase")},
+    }
+    return json.dumps({"type": "STATE", "object": obj}).encode() + b"\n"
+
+
+def arrivals_app(
+    book: ArrivalBook,
+    authenticate: Callable[[str], Awaitable[Identity]],
+    job: Callable[[str], JsonDict | None],
+    *,
+    accepting: Callable[[], bool],
+    on_report: Callable[[str], None],
+    heartbeat: float = HEARTBEAT_SECONDS,
+) -> web.Application:
+    """The endpoint. `job(key)` reads the GangJob from the cache; `accepting()` is whether this
+    replica leads with synced caches; `on_report(key)` queues the job for a pass."""
+    # One line per version of each job, not one per stream: a job change wakes every stream of
+    # its gang (thousands), and they all send the same bytes.
+    lines: dict[str, tuple[str, bytes]] = {}
+
+    def line_of(key: str, obj: JsonDict) -> bytes:
+        version = str((obj.get("metadata") or {}).get("resourceVersion", ""))
+        hit = lines.get(key)
+        if hit is None or hit[0] != version or not version:
+            hit = lines[key] = (version, state_line(obj))
+        return hit[1]
+
+    async def arrivals(request: web.Request) -> web.StreamResponse:
+        if not accepting():
+            return _error(503, "unavailable", "not leading (or caches not synced)")
+        auth = request.headers.get("Authorization", "")
+        if not auth.startswith("Bearer ") or not auth[7:].strip():
+            return _error(401, "unauthorized", "a bearer token is required")
+        try:
+            posted = parse_report(await request.json())
+        except (ValueError, BadReport) as e:
+            return _error(400, "invalid", f"not a report: {e}")
+        try:
+            who = await authenticate(auth[7:].strip())
+        except Unauthorized as e:
+            return _error(401, "unauthorized", str(e))
+        except Exception as e:  # the apiserver did not answer the review: try again later
+            log.warning("TokenReview failed: %s", e)
+            return _error(503, "unavailable", "cannot check the token now")
+        mine = Identity(posted.namespace, posted.pod, posted.report.uid)
+        if who != mine:
+            message = f"the token is bound to pod {who.namespace}/{who.pod} (uid {who.uid})"
+            return _error(403, "forbidden", message)
+        key = f"{posted.namespace}/{posted.job}"
+        if job(key) is None:
+            return _error(404, "unknown", f"gangjob {key} not found")
+        metrics.ARRIVAL_REPORTS.labels("accepted").inc()
+        if book.record(posted.namespace, posted.pod, posted.report):
+            on_report(key)
+        metrics.ARRIVAL_STREAMS.inc()
+        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        response.enable_chunked_encoding()
+        try:
+            await response.prepare(request)
+            await _stream(request, response, posted, key)
+            await response.write_eof()
+        except ConnectionResetError:
+            pass  # the agent hung up: it moved on, its pod restarted, or it is gone
+        finally:
+            metrics.ARRIVAL_STREAMS.dec()
+        return response
+
+    async def _stream(
+        request: web.Request, response: web.StreamResponse, posted: Posted, key: str
+    ) -> None:
+        """The job's state while the report holds; returns when it no longer does."""
+        sent: bytes | None = None
+        last_write = 0.0
+        while not book.closing:
+            waiter = book.changed(key)
+            obj = job(key)
+            if obj is None:
+                lines.pop(key, None)
+                break  # deleted: the agent sees its watch end, or its pod go
+            line = line_of(key, obj)
+            if line != sent or time.monotonic() - last_write >= heartbeat:
+                await response.write(line)
+                sent, last_write = line, time.monotonic()
+            if (obj.get("status") or {}).get("phase") in TERMINAL:
+                break
+            if request.transport is None or request.transport.is_closing():
+                raise ConnectionResetError  # the agent hung up
+            held = book.get(posted.namespace, posted.pod)
+            if held is None or held.uid != posted.report.uid:
+                break  # the pod is gone, or replaced
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(waiter.wait(), heartbeat)
+
+    async def closing(_: web.Application) -> None:
+        book.close()
+
+    app = web.Application()
+    app.router.add_post(ARRIVALS_PATH, arrivals)
+    app.on_shutdown.append(closing)
+    return app
+
+
+def _error(status: int, result: str, message: str) -> web.Response:
+    metrics.ARRIVAL_REPORTS.labels(result).inc()
+    body = {"kind": "Status", "status": "Failure", "code": status, "message": message}
+    return web.json_response(body, status=status)
