@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from localcluster.cluster import Cluster
+from localcluster.handle import ClusterHandle
 from localcluster.node import containerd_sock
 
 
@@ -18,7 +18,7 @@ class ChaosError(RuntimeError):
     """The process to kill was not found; the message says where it was looked for."""
 
 
-def container_pid(cluster: Cluster, pod: dict[str, Any], container: str) -> int:
+def container_pid(cluster: ClusterHandle, pod: dict[str, Any], container: str) -> int:
     """The host PID of ``container``'s init process in ``pod`` (a pod object with status)."""
     statuses = pod.get("status", {}).get("containerStatuses", [])
     cid = next((s.get("containerID", "") for s in statuses if s["name"] == container), "")
@@ -57,7 +57,7 @@ def _cmdline(pid: int) -> str:
 
 
 def kill_trainer(
-    cluster: Cluster,
+    cluster: ClusterHandle,
     pod: dict[str, Any],
     match: str = "train.py",
     container: str = "trainer",

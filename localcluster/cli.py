@@ -8,7 +8,9 @@ import os
 import sys
 
 from localcluster import build as buildmod
-from localcluster.cluster import Cluster, ClusterError, Options, known_clusters
+from localcluster import jobset
+from localcluster.cluster import Cluster, Options, known_clusters
+from localcluster.handle import ClusterError
 from localcluster.versions import all_binaries, binary, cache_root
 
 
@@ -78,8 +80,6 @@ def main(argv: list[str] | None = None) -> int:
             if not built:
                 print(f"all binaries cached in {cache_root()}", file=sys.stderr)
             if args.jobset:
-                from localcluster import jobset
-
                 path = jobset.ensure_built(sys.stderr, force=args.force)
                 print(f"{'jobset-controller':24} {jobset.binary_path().parent.name:8} {path}")
             return 0

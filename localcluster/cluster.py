@@ -1,96 +1,28 @@
-"""A named local cluster: its ports, files and processes, and bringing it up and down.
+"""Bringing a named local cluster up and down: the control plane's command lines, the `sim`
+profile's KWOK nodes, and the `node` profile's real node (`localcluster.node`).
 
-Each cluster lives in ``${XDG_STATE_HOME:-~/.local/state}/gangjob/clusters/<name>/`` and owns a
-block of 20 loopback ports chosen from its name, so that clusters of different names (the
-user's ``sim``, the tests' ``test-sim``, a ``node`` profile) never share ports or state, and none
-uses the ports of a usual cluster (6443, 2379, 10250, ...). ``cluster.json`` records what ``up``
-started and changed; ``down`` stops exactly that and puts back what it changed.
+Where a cluster lives, its ports and what it started are `localcluster.handle`'s: `Cluster` is
+a `ClusterHandle` that can also start and stop.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
-import ssl
 import sys
 import time
-import urllib.error
 import urllib.request
-import zlib
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
 from localcluster import build as buildmod
+from localcluster import node as nodemod
 from localcluster import pki
-from localcluster.procs import Proc, launch, stop, tail
+from localcluster.handle import ClusterError, ClusterHandle
+from localcluster.procs import stop
 from localcluster.versions import binary, kwok_stages_path, state_root
 
 Profile = Literal["sim", "node"]
-
-# Fixed slots for the well-known names; any other name hashes to one of the remaining slots.
-WELL_KNOWN_SLOTS = {"sim": 0, "node": 1, "test-sim": 2, "test-node": 3}
-PORT_BASE = 21000  # below Linux's ephemeral range (32768+) and clear of the usual k8s ports
-PORTS_PER_SLOT = 20
-SLOTS = 50
-
-
-class ClusterError(RuntimeError):
-    """Something about the local cluster failed; the message says what and where to look."""
-
-
-def slot_of(name: str) -> int:
-    if name in WELL_KNOWN_SLOTS:
-        return WELL_KNOWN_SLOTS[name]
-    n = len(WELL_KNOWN_SLOTS)
-    return n + zlib.crc32(name.encode()) % (SLOTS - n)
-
-
-@dataclass(frozen=True)
-class Ports:
-    """The loopback ports of one cluster."""
-
-    slot: int
-
-    def _p(self, offset: int) -> int:
-        return PORT_BASE + self.slot * PORTS_PER_SLOT + offset
-
-    @property
-    def etcd(self) -> int:
-        return self._p(0)
-
-    @property
-    def etcd_peer(self) -> int:
-        return self._p(1)
-
-    @property
-    def apiserver(self) -> int:
-        return self._p(2)
-
-    @property
-    def controller_manager(self) -> int:
-        return self._p(3)
-
-    @property
-    def scheduler(self) -> int:
-        return self._p(4)
-
-    @property
-    def kwok(self) -> int:
-        return self._p(5)
-
-    @property
-    def kubelet(self) -> int:
-        return self._p(6)
-
-    @property
-    def kubelet_healthz(self) -> int:
-        return self._p(7)
-
-    @property
-    def containerd_stream(self) -> int:
-        return self._p(8)
 
 
 @dataclass
@@ -122,80 +54,8 @@ class Options:
         }
 
 
-class Cluster:
-    """One named local cluster."""
-
-    def __init__(self, name: str) -> None:
-        if not name or not all(c.isalnum() or c == "-" for c in name) or len(name) > 20:
-            raise ClusterError(f"cluster name {name!r}: use up to 20 letters, digits or '-'")
-        self.name = name
-        self.dir = state_root() / "clusters" / name
-        self.ports = Ports(slot_of(name))
-        self.pki = self.dir / "pki"
-        self.logs = self.dir / "logs"
-        self.state_file = self.dir / "cluster.json"
-
-    # ---- recorded state -------------------------------------------------------------------
-    @property
-    def kubeconfig(self) -> Path:
-        return self.dir / "admin.kubeconfig"
-
-    def load(self) -> dict[str, Any]:
-        try:
-            data: dict[str, Any] = json.loads(self.state_file.read_text())
-            return data
-        except (OSError, ValueError):
-            return {}
-
-    def save(self, state: dict[str, Any]) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=2))
-        tmp.replace(self.state_file)
-
-    def procs(self) -> list[Proc]:
-        return [Proc.from_json(p) for p in self.load().get("processes", [])]
-
-    def _record(self, proc: Proc) -> None:
-        state = self.load()
-        state.setdefault("processes", []).append(proc.to_json())
-        self.save(state)
-
-    def is_up(self) -> bool:
-        state = self.load()
-        procs = self.procs()
-        return bool(state.get("ready")) and bool(procs) and all(p.alive() for p in procs)
-
-    @property
-    def service_cidr(self) -> str:
-        """Each cluster has its own service range: the node profile routes it on this host."""
-        return f"10.{200 + self.ports.slot}.0.0/16"
-
-    @property
-    def service_ip(self) -> str:
-        """The `kubernetes` Service's cluster IP (the first of the range)."""
-        return f"10.{200 + self.ports.slot}.0.1"
-
-    @property
-    def server(self) -> str:
-        return f"https://127.0.0.1:{self.ports.apiserver}"
-
-    # ---- talking to the apiserver without a client library --------------------------------
-    def _ssl(self) -> ssl.SSLContext:
-        ctx = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
-        ctx.load_cert_chain(str(self.pki / "admin.crt"), str(self.pki / "admin.key"))
-        return ctx
-
-    def api(self, method: str, path: str, body: Any = None, timeout: float = 10.0) -> Any:
-        """One admin request to the apiserver; JSON in and out."""
-        data = None if body is None else json.dumps(body).encode()
-        ctype = "application/merge-patch+json" if method == "PATCH" else "application/json"
-        req = urllib.request.Request(self.server + path, data=data, method=method)
-        req.add_header("Content-Type", ctype)
-        req.add_header("Accept", "application/json")
-        with urllib.request.urlopen(req, context=self._ssl(), timeout=timeout) as resp:
-            raw = resp.read()
-        return json.loads(raw) if raw[:1] in (b"{", b"[") else raw.decode()
+class Cluster(ClusterHandle):
+    """One named local cluster that `up` starts and `down` stops."""
 
     # ---- up / down ---------------------------------------------------------------------------
     def up(self, opts: Options, out: TextIO = sys.stderr) -> Path:
@@ -230,8 +90,6 @@ class Cluster:
 
     def down(self, out: TextIO = sys.stderr) -> list[str]:
         """Stops what `up` recorded, newest first, and undoes its changes to the host."""
-        from localcluster import node as nodemod
-
         state = self.load()
         if not state:
             return []
@@ -258,14 +116,19 @@ class Cluster:
             "up": self.is_up(),
             "kubeconfig": str(self.kubeconfig),
             "apiserver": self.server,
+            # Where pods reach this host (the controller's arrival endpoint, say): the node
+            # profile's bridge gateway.
+            "host_address": (
+                nodemod.Bridge.for_slot(self.ports.slot).gateway
+                if state.get("options", {}).get("profile") == "node"
+                else None
+            ),
             "processes": [
                 {"name": p.name, "pid": p.pid, "running": p.alive()} for p in self.procs()
             ],
         }
 
     def _start(self, opts: Options, out: TextIO) -> None:
-        from localcluster import node as nodemod  # the node profile's host setup
-
         node_name = nodemod.NODE_NAME if opts.profile == "node" else None
         bridge = nodemod.Bridge.for_slot(self.ports.slot) if opts.profile == "node" else None
         node_ip = bridge.gateway if bridge else None
@@ -280,20 +143,20 @@ class Cluster:
         gate_flags = [f"--feature-gates={gates}"] if gates else []
 
         out.write(f"starting etcd on 127.0.0.1:{self.ports.etcd}\n")
-        self._launch("etcd", self._etcd_cmd())
-        self._wait(
+        self.launch("etcd", self._etcd_cmd())
+        self.wait_for(
             "etcd", lambda: _http_ok(f"http://127.0.0.1:{self.ports.etcd}/health"), 30, "etcd"
         )
         out.write(f"starting kube-apiserver on 127.0.0.1:{self.ports.apiserver}\n")
-        self._launch("kube-apiserver", self._apiserver_cmd(gate_flags))
-        self._wait("kube-apiserver /readyz", self._readyz, 90, "kube-apiserver")
+        self.launch("kube-apiserver", self._apiserver_cmd(gate_flags))
+        self.wait_for("kube-apiserver /readyz", self._readyz, 90, "kube-apiserver")
         out.write("starting kube-controller-manager and kube-scheduler\n")
-        self._launch("kube-controller-manager", self._kcm_cmd(gate_flags, opts))
-        self._launch("kube-scheduler", self._scheduler_cmd(gate_flags, opts))
+        self.launch("kube-controller-manager", self._kcm_cmd(gate_flags, opts))
+        self.launch("kube-scheduler", self._scheduler_cmd(gate_flags, opts))
         if opts.profile == "sim":
-            self._launch("kwok", self._kwok_cmd())
+            self.launch("kwok", self._kwok_cmd())
             self._create_kwok_nodes(opts)
-            self._wait(
+            self.wait_for(
                 f"{opts.nodes} Ready nodes",
                 lambda: self.ready_nodes() >= opts.nodes,
                 60 + opts.nodes // 10,
@@ -302,74 +165,18 @@ class Cluster:
             )
         else:
             assert bridge is not None
-            nodemod.start_node(self, bridge, gate_flags, out)
+            nodemod.start_node(self, bridge, opts.feature_gates, out)
         # The default ServiceAccount is what pods run as; wait for its controller so that the
         # first pod a test creates is not refused.
-        self._wait(
+        self.wait_for(
             "default ServiceAccount",
-            lambda: self._exists("/api/v1/namespaces/default/serviceaccounts/default"),
+            lambda: self.exists("/api/v1/namespaces/default/serviceaccounts/default"),
             60,
             "kube-controller-manager",
         )
 
-    def _launch(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> Proc:
-        proc = launch(name, cmd, self.logs / f"{name}.log", env=env)
-        self._record(proc)
-        return proc
-
-    def _wait(
-        self,
-        what: str,
-        ok: Callable[[], bool],
-        timeout: float,
-        component: str,
-        out: TextIO | None = None,
-    ) -> None:
-        deadline = time.monotonic() + timeout
-        last_note = time.monotonic()
-        while True:
-            try:
-                if ok():
-                    return
-            except (OSError, ValueError, urllib.error.URLError):
-                pass
-            dead = [p for p in self.procs() if not p.alive()]
-            if dead:
-                raise ClusterError(
-                    f"{dead[0].name} exited while waiting for {what}; last lines of "
-                    f"{dead[0].log}:\n{tail(dead[0].log)}"
-                )
-            if time.monotonic() > deadline:
-                log = self.logs / f"{component}.log"
-                raise ClusterError(
-                    f"timed out after {timeout:.0f}s waiting for {what}; last lines of "
-                    f"{log}:\n{tail(log)}"
-                )
-            if out is not None and time.monotonic() - last_note > 10:
-                out.write(f"  ... still waiting for {what}\n")
-                last_note = time.monotonic()
-            time.sleep(0.25)
-
     def _readyz(self) -> bool:
         return bool(self.api("GET", "/readyz", timeout=3) == "ok")
-
-    def _exists(self, path: str) -> bool:
-        try:
-            self.api("GET", path, timeout=3)
-            return True
-        except urllib.error.HTTPError as e:
-            if e.code == 404:
-                return False
-            raise
-
-    def ready_nodes(self) -> int:
-        nodes = self.api("GET", "/api/v1/nodes")["items"]
-        return sum(
-            1
-            for n in nodes
-            for c in n.get("status", {}).get("conditions", [])
-            if c["type"] == "Ready" and c["status"] == "True"
-        )
 
     # ---- component command lines ----------------------------------------------------------
     def _etcd_cmd(self) -> list[str]:

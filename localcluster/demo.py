@@ -25,7 +25,8 @@ import yaml
 from localcluster.chaos import kill_trainer
 from localcluster.cluster import Cluster, Options
 from localcluster.node import AGENT_IMAGE, Bridge, ensure_trainer_image
-from localcluster.tools import REPO, controller_kubeconfig, free_port, install_crd, kubectl
+from localcluster.procs import free_port
+from localcluster.tools import REPO, controller_kubeconfig, install_crd, kubectl
 
 SAMPLE = REPO / "manifests" / "samples" / "pytorch-ddp.yaml"
 NAMESPACE = "default"
@@ -111,7 +112,7 @@ class Demo:
             # The agents in the pods report arrivals to the controller on the pod bridge's
             # gateway (it runs on this host), as they would to its Service in a cluster.
             arrivals = f"{Bridge.for_slot(self.cluster.ports.slot).gateway}:{free_port()}"
-            self.cluster._launch(
+            self.cluster.launch(
                 "gangjob-controller",
                 [
                     sys.executable, "-m", "controller.main", f"--kubeconfig={kubeconfig}",

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from localcluster.versions import cache_root
+
 BUSYBOX = "/bin/busybox"  # Debian's busybox-static
 
 # The pause container: PID 1 of every pod sandbox. A shell that sleeps forever and exits on
@@ -169,6 +171,11 @@ def fingerprint(spec: ImageSpec) -> str:
             st = src.stat()
             h.update(f"{path}:{src}:{st.st_size}:{st.st_mtime_ns}".encode())
     return h.hexdigest()
+
+
+def archive_path(spec: ImageSpec) -> Path:
+    """Where ``spec``'s archive is cached: ``cache_root()/images/<name with / and : as _>.tar``."""
+    return cache_root() / "images" / (spec.name.replace("/", "_").replace(":", "_") + ".tar")
 
 
 def write_oci_archive(spec: ImageSpec, dest: Path) -> Path:

@@ -3,8 +3,8 @@
 Everything it creates is named after the cluster and recorded in its ``cluster.json`` so that
 ``down`` removes exactly that: a Linux bridge for the pod network (no default route and no
 masquerade in pods, so nothing leaves the machine), containerd with its own root, state and
-socket, the kubelet with its own root dir and cgroup root, and the images it imports. Measured
-facts behind the settings are in ../shared/LOCALCLUSTER.md.
+socket, the kubelet with its own root dir and cgroup root, and the images it imports. The
+measured facts behind the settings are in docs/localcluster.md.
 """
 
 from __future__ import annotations
@@ -20,16 +20,14 @@ import time
 import urllib.error
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
 import yaml
 
-from localcluster import dns, images
-from localcluster.procs import tail
+from agent.build import build_zipapp
+from localcluster import dns, images, pytorch
+from localcluster.handle import ClusterHandle
 from localcluster.versions import binary, cache_root
-
-if TYPE_CHECKING:
-    from localcluster.cluster import Cluster
 
 NODE_NAME = "gangjob-node"
 CNI_BIN = Path("/usr/lib/cni")
@@ -101,9 +99,7 @@ AGENT_PYZ = "opt/gangjob/agent.pyz"  # where the agent image keeps the zipapp
 
 def agent_image() -> images.ImageSpec:
     """Python 3 and the agent zipapp: the Pod-mode sidecar, and the init container that copies
-    the agent into a worker for Process mode."""
-    from agent.build import build_zipapp  # the agent package, built fresh from this checkout
-
+    the agent into a worker for Process mode. The zipapp is built fresh from this checkout."""
     pyz = build_zipapp(cache_root() / "images" / "agent.pyz")
     spec = images.python_image(AGENT_IMAGE, {AGENT_PYZ: pyz})
     spec.entrypoint = ["/usr/bin/python3", f"/{AGENT_PYZ}"]
@@ -116,16 +112,15 @@ def image_specs() -> list[images.ImageSpec]:
     return [images.pause_image(), images.busybox_image(), agent_image()]
 
 
-def import_images(cluster: Cluster, sock: Path, out: TextIO) -> None:
+def import_images(cluster: ClusterHandle, out: TextIO) -> None:
     for spec in image_specs():
         import_image(cluster, spec, out)
 
 
-def import_image(cluster: Cluster, spec: images.ImageSpec, out: TextIO) -> None:
+def import_image(cluster: ClusterHandle, spec: images.ImageSpec, out: TextIO) -> None:
     """Writes ``spec``'s archive (skipped when cached) and imports it into the node, unless
     the node has this very build already (recorded in cluster.json by fingerprint)."""
-    archive = cache_root() / "images" / (spec.name.replace("/", "_").replace(":", "_") + ".tar")
-    images.write_oci_archive(spec, archive)
+    archive = images.write_oci_archive(spec, images.archive_path(spec))
     fp = archive.with_suffix(".fingerprint").read_text()
     state = cluster.load()
     if state.get("images", {}).get(spec.name) == fp:
@@ -143,13 +138,11 @@ def import_image(cluster: Cluster, spec: images.ImageSpec, out: TextIO) -> None:
     out.write(f"  imported {spec.name} ({mb} MB, {time.monotonic() - t0:.1f}s)\n")
 
 
-def ensure_trainer_image(cluster: Cluster, out: TextIO) -> str:
+def ensure_trainer_image(cluster: ClusterHandle, out: TextIO) -> str:
     """The PyTorch trainer image on the node, built and imported on first use (not by `up`:
     its first build installs PyTorch, minutes; later ones are cached)."""
-    from localcluster.pytorch import PYTORCH_IMAGE, trainer_image
-
-    import_image(cluster, trainer_image(out), out)
-    return PYTORCH_IMAGE
+    import_image(cluster, pytorch.trainer_image(out), out)
+    return pytorch.PYTORCH_IMAGE
 
 
 # ---- host network ------------------------------------------------------------------------
@@ -157,7 +150,7 @@ def _ip_forward() -> str:
     return Path("/proc/sys/net/ipv4/ip_forward").read_text().strip()
 
 
-def dns_ip(cluster: Cluster) -> str:
+def dns_ip(cluster: ClusterHandle) -> str:
     """The cluster DNS address (kube-dns's usual `.10` of the service range)."""
     return cluster.service_ip.rsplit(".", 1)[0] + ".10"
 
@@ -176,7 +169,7 @@ def setup_bridge(bridge: Bridge, service_ip: str, dns: str) -> None:
     _run(["ip", "link", "set", bridge.name, "up"])
 
 
-def cni_config(cluster: Cluster, bridge: Bridge) -> dict[str, Any]:
+def cni_config(cluster: ClusterHandle, bridge: Bridge) -> dict[str, Any]:
     return {
         "cniVersion": "0.4.0",
         "name": f"gangjob-{cluster.name}",
@@ -204,7 +197,7 @@ def cni_config(cluster: Cluster, bridge: Bridge) -> dict[str, Any]:
 
 
 # ---- containerd --------------------------------------------------------------------------
-def containerd_config(cluster: Cluster) -> str:
+def containerd_config(cluster: ClusterHandle) -> str:
     d = cluster.dir / "containerd"
     cri = 'plugins."io.containerd.grpc.v1.cri"'
     return f"""version = 2
@@ -250,16 +243,18 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 """
 
 
-def containerd_sock(cluster: Cluster) -> Path:
+def containerd_sock(cluster: ClusterHandle) -> Path:
     return cluster.dir / "containerd" / "containerd.sock"
 
 
 # ---- kubelet -----------------------------------------------------------------------------
-def cgroup_root(cluster: Cluster) -> str:
+def cgroup_root(cluster: ClusterHandle) -> str:
     return f"/gangjob-{cluster.name}"
 
 
-def kubelet_config(cluster: Cluster, bridge: Bridge, gates: dict[str, bool]) -> dict[str, Any]:
+def kubelet_config(
+    cluster: ClusterHandle, bridge: Bridge, gates: dict[str, bool]
+) -> dict[str, Any]:
     k = cluster.pki
     cfg: dict[str, Any] = {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
@@ -322,7 +317,10 @@ def make_cgroup_root(root: str) -> None:
                     (d / f).write_text((h / f).read_text())
 
 
-def start_node(cluster: Cluster, bridge: Bridge, gate_flags: list[str], out: TextIO) -> None:
+def start_node(cluster: ClusterHandle, bridge: Bridge, gates: dict[str, bool], out: TextIO) -> None:
+    """Sets up the host (packages, cgroup root, bridge, CNI), then starts containerd with the
+    images imported, the apiserver forwarder, the cluster DNS and the kubelet, and waits for
+    the node to be Ready. ``gates``: the feature gates the control plane was given."""
     ensure_packages(out)
     state = cluster.load()
     host = state.setdefault("host", {})
@@ -343,13 +341,13 @@ def start_node(cluster: Cluster, bridge: Bridge, gate_flags: list[str], out: Tex
     (cd / "config.toml").write_text(containerd_config(cluster))
     out.write("starting containerd\n")
     env = dict(os.environ, PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-    cluster._launch("containerd", ["containerd", "--config", str(cd / "config.toml")], env=env)
+    cluster.launch("containerd", ["containerd", "--config", str(cd / "config.toml")], env=env)
     sock = containerd_sock(cluster)
     ctr = ["ctr", "--address", str(sock), "version"]
-    cluster._wait("containerd", lambda: _run(ctr, check=False).returncode == 0, 30, "containerd")
-    import_images(cluster, sock, out)
+    cluster.wait_for("containerd", lambda: _run(ctr, check=False).returncode == 0, 30, "containerd")
+    import_images(cluster, out)
     # Pods talk to the apiserver the in-cluster way: the Service IP on the bridge, forwarded.
-    cluster._launch(
+    cluster.launch(
         "apiserver-forward",
         [
             sys.executable,
@@ -361,18 +359,13 @@ def start_node(cluster: Cluster, bridge: Bridge, gate_flags: list[str], out: Tex
     )
     start_dns(cluster)
 
-    gates = {}
-    for flag in gate_flags:
-        for kv in flag.split("=", 1)[1].split(","):
-            key, val = kv.split("=")
-            gates[key] = val == "true"
     kdir = cluster.dir / "kubelet"
     kdir.mkdir(parents=True, exist_ok=True)
     (cluster.dir / "kubelet-config.yaml").write_text(
         yaml.safe_dump(kubelet_config(cluster, bridge, gates), sort_keys=False)
     )
     out.write(f"starting kubelet (node {NODE_NAME}, {bridge.gateway})\n")
-    cluster._launch(
+    cluster.launch(
         "kubelet",
         [
             str(binary("kubelet").path),
@@ -386,17 +379,17 @@ def start_node(cluster: Cluster, bridge: Bridge, gate_flags: list[str], out: Tex
         ],
         env=env,
     )
-    cluster._wait("the node to be Ready", lambda: cluster.ready_nodes() >= 1, 90, "kubelet", out)
+    cluster.wait_for("the node to be Ready", lambda: cluster.ready_nodes() >= 1, 90, "kubelet", out)
 
 
-def start_dns(cluster: Cluster) -> None:
+def start_dns(cluster: ClusterHandle) -> None:
     """localcluster.dns on the DNS address, which a `kube-dns` Service reserves so that the
     apiserver never hands it to another Service."""
     ip = dns_ip(cluster)
     with contextlib.suppress(urllib.error.HTTPError):  # 409: there already
         cluster.api("POST", "/api/v1/namespaces/kube-system/services", kube_dns_service(ip))
     k = cluster.pki
-    cluster._launch(
+    cluster.launch(
         "cluster-dns",
         [
             sys.executable, "-m", "localcluster.dns", f"--listen={ip}:53",
@@ -405,7 +398,7 @@ def start_dns(cluster: Cluster) -> None:
         ],
     )  # fmt: skip
     want = f"kubernetes.default.svc.{dns.CLUSTER_DOMAIN}"
-    cluster._wait(
+    cluster.wait_for(
         "cluster DNS", lambda: dns.resolve(ip, want) == [cluster.service_ip], 30, "cluster-dns"
     )
 
@@ -423,7 +416,7 @@ def kube_dns_service(ip: str) -> dict[str, Any]:
 
 
 # ---- teardown ----------------------------------------------------------------------------
-def teardown(cluster: Cluster, out: TextIO) -> None:
+def teardown(cluster: ClusterHandle, out: TextIO) -> None:
     """While the cluster still runs: let the kubelet remove every pod, so containerd tears
     down their sandboxes, network namespaces and mounts the regular way."""
     try:
@@ -506,7 +499,7 @@ def _unmount_under(prefixes: list[str]) -> None:
         _run(["umount", "-l", mp], check=False)
 
 
-def restore_host(cluster: Cluster, out: TextIO) -> None:
+def restore_host(cluster: ClusterHandle, out: TextIO) -> None:
     """After the processes are stopped: remove leftovers and put back what `up` changed."""
     host = cluster.load().get("host", {})
     _kill_shims(containerd_sock(cluster))
@@ -523,6 +516,3 @@ def restore_host(cluster: Cluster, out: TextIO) -> None:
     for sub in ("containerd", "kubelet", "cni", "pod-logs"):
         shutil.rmtree(cluster.dir / sub, ignore_errors=True)
     out.write(f"cluster {cluster.name!r}: node removed (bridge {host.get('bridge')})\n")
-
-
-__all__ = ["NODE_NAME", "Bridge", "restore_host", "start_node", "tail", "teardown"]

@@ -1,4 +1,5 @@
-"""Processes a cluster starts: launched with their own log, recorded by PID *and* start time.
+"""Processes a cluster starts: launched with their own log, recorded by PID *and* start time;
+and free loopback ports for the ones that need a port of their own.
 
 The start time (field 22 of /proc/<pid>/stat) makes a recorded PID safe to signal later: a PID
 that the kernel has since given to somebody else's process no longer matches, and is left alone.
@@ -8,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
+import socket
 import subprocess
 import time
 from dataclasses import asdict, dataclass
@@ -108,3 +111,19 @@ def tail(path: str | Path, lines: int = 25) -> str:
         return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no log)"
+
+
+def free_port() -> int:
+    """A free loopback port for a child's server (a controller's metrics, a gloo rendezvous),
+    below the clusters' ports (21000+) and outside the kernel's ephemeral range: a port the
+    kernel handed out (bind to 0) is free only until some outgoing connection takes it, before
+    the child binds it."""
+    for _ in range(200):
+        port = random.randrange(20000, 21000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-20999")

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TextIO
 
 from localcluster import images
+from localcluster.procs import free_port
 from localcluster.versions import cache_root
 
 PYTORCH_IMAGE = "localhost/gangjob-pytorch:dev"
@@ -256,8 +257,6 @@ print("ok", torch.__version__, t.sum().item())
 def check(site: Path) -> None:
     """Runs the image's own interpreter on ``site``: imports torch and numpy, one gloo
     all-reduce."""
-    from localcluster.tools import free_port
-
     env = {"PYTHONPATH": str(site), "PORT": str(free_port()), "PATH": "/usr/bin:/bin"}
     got = _run([str(images.PYTHON), "-c", CHECK], env=env, timeout=120)
     if not got.startswith("ok"):
@@ -321,8 +320,7 @@ def main() -> None:
     """`python -m localcluster.pytorch`: build the site-packages and the image archive."""
     t0 = time.monotonic()
     spec = trainer_image()
-    name = spec.name.replace("/", "_").replace(":", "_") + ".tar"  # as node.import_image names it
-    archive = images.write_oci_archive(spec, cache_root() / "images" / name)
+    archive = images.write_oci_archive(spec, images.archive_path(spec))
     print(f"{archive} {archive.stat().st_size >> 20} MB in {time.monotonic() - t0:.1f}s")
 
 

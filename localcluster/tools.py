@@ -6,9 +6,7 @@ least-privilege RBAC of manifests/rbac (so a missing verb shows), and the pinned
 from __future__ import annotations
 
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +16,8 @@ from pathlib import Path
 
 import yaml
 
-from localcluster.cluster import Cluster
+from localcluster.handle import ClusterHandle
+from localcluster.procs import free_port
 from localcluster.versions import binary
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,7 +25,9 @@ SYSTEM_NS = "gangjob-system"
 SA = "gangjob-controller"
 
 
-def kubectl(cluster: Cluster, *args: str, stdin: str | None = None, timeout: float = 120) -> str:
+def kubectl(
+    cluster: ClusterHandle, *args: str, stdin: str | None = None, timeout: float = 120
+) -> str:
     """Runs the pinned kubectl as the cluster's admin; raises with its stderr on failure."""
     res = subprocess.run(
         [str(binary("kubectl").path), f"--kubeconfig={cluster.kubeconfig}", *args],
@@ -40,7 +41,7 @@ def kubectl(cluster: Cluster, *args: str, stdin: str | None = None, timeout: flo
     return res.stdout
 
 
-def install_crd(cluster: Cluster) -> None:
+def install_crd(cluster: ClusterHandle) -> None:
     """`make install` for a local cluster: the committed CRD, applied and Established."""
     kubectl(
         cluster,
@@ -55,7 +56,7 @@ def install_crd(cluster: Cluster) -> None:
     )
 
 
-def controller_kubeconfig(cluster: Cluster) -> Path:
+def controller_kubeconfig(cluster: ClusterHandle) -> Path:
     """A kubeconfig with a token of the controller's ServiceAccount, bound by manifests/rbac."""
     ns_yaml = kubectl(cluster, "create", "namespace", SYSTEM_NS, "--dry-run=client", "-o", "yaml")
     kubectl(cluster, "apply", "-f", "-", stdin=ns_yaml)
@@ -64,7 +65,7 @@ def controller_kubeconfig(cluster: Cluster) -> Path:
     return token_kubeconfig(cluster, token, cluster.dir / "gangjob-controller.kubeconfig", SA)
 
 
-def token_kubeconfig(cluster: Cluster, token: str, path: Path, user: str) -> Path:
+def token_kubeconfig(cluster: ClusterHandle, token: str, path: Path, user: str) -> Path:
     """Writes a kubeconfig that reaches `cluster` with a bearer token (a ServiceAccount's)."""
     cfg = {
         "apiVersion": "v1",
@@ -84,21 +85,6 @@ def token_kubeconfig(cluster: Cluster, token: str, path: Path, user: str) -> Pat
     }
     path.write_text(yaml.safe_dump(cfg))
     return path
-
-
-def free_port() -> int:
-    """A free loopback port for a controller's metrics or health server, below the clusters'
-    ports (21000+) and outside the kernel's ephemeral range: a port the kernel handed out (bind
-    to 0) is free only until some outgoing connection takes it, before the child binds it."""
-    for _ in range(200):
-        port = random.randrange(20000, 21000)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 20000-20999")
 
 
 class ControllerProcess:

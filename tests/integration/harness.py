@@ -11,13 +11,13 @@ import yaml
 
 from api.constants import LABEL_NAME
 from controller.k8s import CRDS, GANGJOBS, PODS, JsonDict, Kube, NotFound
+from localcluster.procs import free_port
 from localcluster.tools import (
     REPO,
     SA,
     SYSTEM_NS,
     ControllerProcess,
     controller_kubeconfig,
-    free_port,
     kubectl,
 )
 from tests.waiting import wait_for

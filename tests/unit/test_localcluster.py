@@ -11,7 +11,8 @@ import pytest
 
 from localcluster import images
 from localcluster.cli import parser
-from localcluster.cluster import WELL_KNOWN_SLOTS, Cluster, ClusterError, Options, Ports, kwok_node
+from localcluster.cluster import Cluster, Options, kwok_node
+from localcluster.handle import WELL_KNOWN_SLOTS, ClusterError, Ports
 from localcluster.versions import cache_root
 
 USUAL_PORTS = {2379, 2380, 6443, 8080, 10250, 10255, 10256, 10257, 10259}
