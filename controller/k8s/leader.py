@@ -4,7 +4,8 @@ One candidate holds the Lease and renews it every `retry_period`; one that has n
 within `renew_deadline` stops leading (and the process exits) before the others may take over
 at `lease_duration`. Expiry is judged on this process's monotonic clock from when it last saw
 the record change, never from the timestamps in the record, so clock skew between machines
-does not matter. The decisions are pure functions; `LeaderElector` does the I/O via kube.py.
+does not matter. The decisions are pure functions; `LeaderElector` does the I/O through a
+`LeaseClient` (`controller.k8s.Kube`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from controller.k8s import LEASES, AlreadyExists, ApiError, JsonDict, NotFound, ResourceKind
+from controller.k8s.errors import AlreadyExists, ApiError, NotFound
+from controller.k8s.kinds import LEASES, JsonDict, ResourceKind
 from controller.runtime import metrics
 from controller.runtime.clock import MONOTONIC, Clock
 

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from api.constants import LABEL_NAME
-from controller.k8s import ApiError, Gone, JsonDict, ObjectList, ResourceKind, WatchEvent
+from controller.k8s.errors import ApiError, Gone
+from controller.k8s.kinds import JsonDict, ResourceKind
+from controller.k8s.watch import ObjectList, WatchEvent
 from controller.runtime.clock import MONOTONIC, Clock
 
 __all__ = [

@@ -1,4 +1,5 @@
-"""kube.py, store.py and leader.py against a real apiserver (the local `sim` cluster)."""
+"""controller.k8s (`Kube`, the store, leader election) against a real apiserver (the local
+`sim` cluster)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""kube.py against a scripted HTTP server: error typing, retries, content types, paging and
-the watch loop (resume, bookmarks, HTML garbage, 410)."""
+"""controller.k8s (errors, transport, watch, client) against a scripted HTTP server: error
+typing, retries, content types, paging and the watch loop (resume, bookmarks, HTML garbage, 410)."""
 
 from __future__ import annotations
 
