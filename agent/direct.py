@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -49,14 +50,17 @@ class Refused(Exception):
     """The controller will not take reports from this agent (its token or identity)."""
 
 
-def report_body(config: Config, epoch: int, exit: tuple[int, int] | None) -> JsonDict:
-    """The JSON the agent POSTs: who it is (pod name and UID), where it arrived, and in the same
-    report a trainer exit as (epoch, code)."""
+def report_body(
+    config: Config, epoch: int, exit: tuple[int, int] | None, incarnation: str
+) -> JsonDict:
+    """The JSON the agent POSTs: who it is (pod name and UID, and this agent's incarnation),
+    where it arrived, and in the same report a trainer exit as (epoch, code)."""
     return {
         "namespace": config.namespace,
         "job": config.job_name,
         "pod": config.pod_name,
         "uid": config.pod_uid,
+        "incarnation": incarnation,
         "epoch": epoch,
         "exit": list(exit) if exit is not None else None,
     }
@@ -83,6 +87,10 @@ class DirectArrival:
         self._on_fallback = on_fallback
         self._log = log
         self._hold: asyncio.Task[None] | None = None
+        # Drawn when the agent starts, never kept across a restart: a report from another
+        # incarnation than the pod's previous one proves to the controller that the pod's
+        # containers restarted in between (docs/design.md section 3.5).
+        self.incarnation = secrets.token_hex(8)
 
     async def arrive(self, epoch: int, exit: tuple[int, int] | None = None) -> None:
         await self.close()
@@ -117,7 +125,7 @@ class DirectArrival:
     async def _run(
         self, epoch: int, exit: tuple[int, int] | None, accepted: asyncio.Future[None]
     ) -> None:
-        body = report_body(self._config, epoch, exit)
+        body = report_body(self._config, epoch, exit, self.incarnation)
         backoff = Backoff(self._config.backoff_initial, min(2.0, self._config.backoff_max))
         last: JobState | None = None
         failing_since: float | None = None  # the first failure since the last line read

@@ -144,6 +144,8 @@ class Manager:
         # seconds is not planned again until P after its last pass ended (at most half the
         # controller's time); small gangs (P < PACE_FROM) are not held at all.
         self._next_pass_at: dict[str, float] = {}
+        # Keys whose next pass opens a barrier: no pace holds it (see _on_report).
+        self._urgent: set[str] = set()
 
     def _enqueue(self, key: str, after: float = 0.0) -> None:
         now = time.monotonic()
@@ -167,6 +169,29 @@ class Manager:
     def _on_job(self, event: StoreEvent) -> None:
         self.arrivals.job_changed(event.key)
         self._enqueue(event.key)
+
+    def _on_report(self, key: str) -> None:
+        """An agent reported to the arrival endpoint. The last expected arrival of a restart
+        opens the barrier: its pass runs now, neither coalesced with other arrivals nor held
+        by the gang's pace; plan, reading the same book, decides as always."""
+        if not self._barrier_due(key):
+            self._enqueue_arrival(key)
+            return
+        self._next_pass_at.pop(key, None)
+        self._urgent.add(key)
+        self._dirty_since.setdefault(key, time.monotonic())
+        self.queue.add(key)
+
+    def _barrier_due(self, key: str) -> bool:
+        obj = self.jobs.get(key)
+        if obj is None:
+            return False
+        status, spec = obj.get("status") or {}, obj.get("spec") or {}
+        epoch = status.get("epoch")
+        if not isinstance(epoch, int) or status.get("barrierEpoch") == epoch:
+            return False
+        replicas = spec.get("replicas")
+        return isinstance(replicas, int) and self.arrivals.waiting(key, epoch) >= replicas
 
     def _enqueue_arrival(self, key: str) -> None:
         # An arrival (annotation or direct report) is one of N during a restart and no failure:
@@ -231,6 +256,9 @@ class Manager:
                 log.log(level, "reconcile %s failed: %s", key, e, exc_info=level >= logging.ERROR)
             finally:
                 # Events during the pass queue the key again, once the pace allows.
+                if key in self._urgent:
+                    self._urgent.discard(key)
+                    pace = 0.0
                 self.queue.done(key, pace)
 
     @staticmethod
@@ -286,7 +314,7 @@ class Manager:
                 self.authenticator.authenticate,
                 self.jobs.get,
                 accepting=lambda: self.is_leader and self.synced(),
-                on_report=self._enqueue_arrival,
+                on_report=self._on_report,
             )
             # A gang of thousands restarts at once: its reports must not overflow the backlog.
             server = HealthServer(app, host, port, backlog=4096)

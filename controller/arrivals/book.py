@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections import Counter
 from dataclasses import dataclass
 
 from controller.policy.classify import all_containers_restarting
@@ -24,11 +25,18 @@ from controller.policy.views import PodView
 
 @dataclass(frozen=True)
 class Report:
-    """What an agent said last: it arrived at `epoch`; `exit` = (epoch, code or None)."""
+    """What an agent said last: it arrived at `epoch`; `exit` = (epoch, code or None).
+
+    `incarnation` is the id the agent drew when it started (None from agents that send none).
+    `restarted` is the book's finding, not the agent's claim: the pod's previous report was at
+    a lower epoch from another incarnation, so this agent started after the pod's restart to
+    `epoch` (docs/design.md section 3.5, the arrival proof)."""
 
     uid: str
     epoch: int
     exit: tuple[int, int | None] | None = None
+    incarnation: str | None = None
+    restarted: bool = False
 
     def supersedes(self, other: Report) -> bool:
         """Whether this report replaces `other` (same pod): a later epoch, or at the same epoch
@@ -37,17 +45,40 @@ class Report:
             return True
         return (self.epoch, self.exit is not None) >= (other.epoch, other.exit is not None)
 
+    @property
+    def waiting(self) -> bool:
+        """Arrived at `epoch` and not failed there: one of the barrier's expected arrivals."""
+        return self.exit is None or self.exit[0] < self.epoch
+
+
+def proven(report: Report, held: Report | None) -> Report:
+    """`report` with `restarted` decided against the report the book held for the pod.
+
+    The agent that held the previous epoch's report is gone once another incarnation reports
+    a later epoch: in `Pod` mode the kubelet restarted every container of the pod, the agent
+    with them, and only then did this incarnation start. Without a previous report from a known
+    incarnation (a controller that restarted and lost its book, a fresh pod, an old agent) the
+    report proves nothing, and the pod's own status decides as before."""
+    if held is None or held.uid != report.uid or report.incarnation is None:
+        restarted = False
+    elif held.incarnation == report.incarnation:
+        restarted = held.restarted and held.epoch == report.epoch
+    else:
+        restarted = held.incarnation is not None and held.epoch <= report.epoch
+    return dataclasses.replace(report, restarted=restarted)
+
 
 def with_report(view: PodView, report: Report | None) -> PodView:
     """The pod's view with an agent's direct report merged in: the later of the annotation's
     epoch and the report's, and the exit report at the later epoch."""
     if report is None or report.uid != view.uid:
         return view
-    if all_containers_restarting(view):
+    if all_containers_restarting(view) and not report.restarted:
         # The report came the fast way and can overtake the kubelet's status write in our pod
-        # cache: the condition may be the restart the agent has already come back from. Until
-        # the cache catches up, the pod counts where its own status puts it; a real failure
-        # after arriving is not lost, its agent reports it (`exit`) once restarted.
+        # cache: the condition may be the restart the agent has already come back from. Unless
+        # the book proves the agent started after that restart, the pod counts where its own
+        # status puts it until the cache catches up; a real failure after arriving is not lost,
+        # its agent reports it (`exit`) once restarted.
         return view
     arrived = view.arrived_epoch
     if arrived is None or report.epoch > arrived:
@@ -55,16 +86,22 @@ def with_report(view: PodView, report: Report | None) -> PodView:
     exit = view.reported_exit
     if report.exit is not None and (exit is None or report.exit[0] >= exit[0]):
         exit = report.exit
-    if (arrived, exit) == (view.arrived_epoch, view.reported_exit):
+    # Restart signals in the status are the proven restart's only while the pod stands at the
+    # report's epoch (an annotation of a later one is a later story).
+    restarted = report.restarted and arrived == report.epoch
+    if (arrived, exit, restarted) == (view.arrived_epoch, view.reported_exit, view.restarted):
         return view
-    return dataclasses.replace(view, arrived_epoch=arrived, reported_exit=exit)
+    return dataclasses.replace(view, arrived_epoch=arrived, reported_exit=exit, restarted=restarted)
 
 
 class ArrivalBook:
-    """The reports the agents hold, by pod, and a wake-up per GangJob for their streams."""
+    """The reports the agents hold, by pod; per GangJob, how many wait at each epoch (so the
+    last expected arrival is known the moment it comes) and a wake-up for their streams."""
 
     def __init__(self) -> None:
         self._reports: dict[tuple[str, str], Report] = {}
+        self._job_of: dict[tuple[str, str], str] = {}
+        self._waiting: dict[str, Counter[int]] = {}
         self._changed: dict[str, asyncio.Event] = {}
         self.closing = False
         """The server is stopping: streams end now (their agents report to the next leader)."""
@@ -74,14 +111,37 @@ class ArrivalBook:
         for key in list(self._changed):
             self.job_changed(key)
 
-    def record(self, namespace: str, pod: str, report: Report) -> bool:
-        """Keeps `report` unless the pod said something later already; True if kept."""
+    def record(self, namespace: str, pod: str, report: Report, job: str = "") -> bool:
+        """Keeps `report` (of a worker of GangJob `job`, namespace/name) unless the pod said
+        something later already; True if kept."""
         key = (namespace, pod)
         held = self._reports.get(key)
         if held is not None and not report.supersedes(held):
             return False
+        self._drop(key)
+        report = proven(report, held)
         self._reports[key] = report
+        if job:
+            self._job_of[key] = job
+            if report.waiting:
+                self._waiting.setdefault(job, Counter())[report.epoch] += 1
         return True
+
+    def waiting(self, job: str, epoch: int) -> int:
+        """How many workers of GangJob `job` reported arriving at `epoch` and wait there."""
+        counts = self._waiting.get(job)
+        return counts[epoch] if counts is not None else 0
+
+    def _drop(self, key: tuple[str, str]) -> None:
+        held, job = self._reports.pop(key, None), self._job_of.pop(key, None)
+        if held is None or job is None or not held.waiting:
+            return
+        counts = self._waiting[job]
+        counts[held.epoch] -= 1
+        if counts[held.epoch] <= 0:
+            del counts[held.epoch]
+            if not counts:
+                del self._waiting[job]
 
     def get(self, namespace: str, pod: str) -> Report | None:
         return self._reports.get((namespace, pod))
@@ -90,7 +150,7 @@ class ArrivalBook:
         """The pod is gone: its reports go with it (a new pod of that name reports anew)."""
         held = self._reports.get((namespace, pod))
         if held is not None and held.uid == uid:
-            del self._reports[(namespace, pod)]
+            self._drop((namespace, pod))
 
     def apply(self, view: PodView) -> PodView:
         return with_report(view, self._reports.get((view.namespace, view.name)))

@@ -31,6 +31,7 @@ HEARTBEAT_SECONDS = 30.0
 """The state line is sent again this often on an idle stream: the agent's inactivity timeout
 (90 s) tells a dead controller from a quiet gang."""
 TERMINAL = frozenset({Phase.SUCCEEDED, Phase.FAILED})
+MAX_INCARNATION = 64
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,13 @@ def parse_report(body: Any) -> Posted:
             raise BadReport("exit[1]: an integer exit code is required")
         # -1: the pod restarted under the agent and the kubelet kept no code (as the annotation)
         exit = (epoch(raw[0], "exit[0]"), None if code < 0 else code)
-    return Posted(text("namespace"), text("job"), text("pod"), Report(text("uid"), at, exit))
+    incarnation = body.get("incarnation")
+    if incarnation is not None and (
+        not isinstance(incarnation, str) or not 0 < len(incarnation) <= MAX_INCARNATION
+    ):
+        raise BadReport(f"incarnation: a string of 1-{MAX_INCARNATION} characters or null")
+    report = Report(text("uid"), at, exit, incarnation=incarnation)
+    return Posted(text("namespace"), text("job"), text("pod"), report)
 
 
 def state_line(job: JsonDict) -> bytes:
@@ -135,7 +142,7 @@ def arrivals_app(
         if job(key) is None:
             return _error(404, "unknown", f"gangjob {key} not found")
         metrics.ARRIVAL_REPORTS.labels("accepted").inc()
-        if book.record(posted.namespace, posted.pod, posted.report):
+        if book.record(posted.namespace, posted.pod, posted.report, job=key):
             on_report(key)
         metrics.ARRIVAL_STREAMS.inc()
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})

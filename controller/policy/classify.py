@@ -310,9 +310,23 @@ def _after_barrier(ctx: Context, finished_at: datetime | None) -> bool:
     return finished_at > opened + CLOCK_SKEW_MARGIN
 
 
+def _since_barrier(ctx: Context, finished_at: datetime | None) -> bool:
+    """Whether a container ended since the barrier of the epoch opened. Whole seconds, as the
+    kubelet writes them: an end in the barrier's own second counts."""
+    opened = ctx.barrier_opened_at
+    if not ctx.barrier_open or opened is None or finished_at is None:
+        return False
+    return finished_at >= opened.replace(microsecond=0)
+
+
 def _exit_signals(s: _Signals, ctx: Context, pod: PodView) -> None:
     trainer = pod.container(ctx.trainer)
-    if trainer is not None and trainer.state == "terminated" and trainer.exit_code != 0:
+    if (
+        trainer is not None
+        and trainer.state == "terminated"
+        and trainer.exit_code != 0
+        and (not pod.restarted or _since_barrier(ctx, trainer.finished_at))
+    ):
         code = _real_code(trainer.exit_code, trainer.reason)
         s.exit(
             _exit_class(trainer.reason),
@@ -330,7 +344,12 @@ def _exit_signals(s: _Signals, ctx: Context, pod: PodView) -> None:
                 code,
                 f"trainer exited {how} at epoch {epoch} (reported by the agent)",
             )
-    if all_containers_restarting(pod):
+    # A worker proven restarted to the epoch (`pod.restarted`) may still show that very restart
+    # in a status the kubelet has not rewritten yet: its condition and its trainer's exit are
+    # then no failure. A trainer cannot run at the epoch before its barrier opens, so only an
+    # exit since then counts; any later restart of the pod starts another agent, which reports
+    # the failure itself (`reported_exit`).
+    if all_containers_restarting(pod) and not pod.restarted:
         s.exit(
             FailureClass.PROCESS_EXIT,
             ctx.trainer,

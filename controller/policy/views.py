@@ -229,6 +229,10 @@ class PodView:
     for `Pod` mode without any was stripped by an apiserver with the gates off."""
     restart_mode: str | None = None
     """The `gangjob.io/restart-mode` annotation: the mode the pod was built for."""
+    restarted: bool = False
+    """Not read from the pod: the controller's arrival book proved that the agent which reported
+    `arrived_epoch` started after the pod's restart to it (controller.arrivals.book), so the
+    restart signals this status may still show (the kubelet's writes lag) are that restart's."""
 
     @property
     def terminating(self) -> bool:

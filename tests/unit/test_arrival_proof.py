@@ -1,0 +1,209 @@
+"""The arrival proof (docs/design.md section 3.5): a report from another agent incarnation than
+the pod's previous one proves the pod restarted, so it counts even while the controller's cache
+still shows that restart; the book counts the arrivals per epoch, and the last one triggers the
+barrier's pass. Here: the book's rules, how a proven report joins the pod's view, how
+classification reads such a view, and that the book's count and `plan` agree on when the
+barrier opens, over any order of reports and any lag of the cache."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from api.v1alpha1 import (
+    FailureAction,
+    GangJobStatus,
+    Phase,
+    RestartMode,
+    RestartRecord,
+    RestartTrigger,
+)
+from controller.arrivals.book import ArrivalBook, Report, with_report
+from controller.policy import classify
+from controller.policy.plan import Observed, plan
+from controller.policy.views import NodeView, PodView
+from tests.unit.builders import JOB_NAME, NAMESPACE, T0, make_job, make_node, make_pod, with_status
+
+JOB = f"{NAMESPACE}/{JOB_NAME}"
+NOW = T0 + timedelta(minutes=10)
+DETECTED = NOW - timedelta(seconds=5)
+
+
+def test_another_incarnation_at_a_later_epoch_proves_the_restart() -> None:
+    book = ArrivalBook()
+    book.record(NAMESPACE, "p", Report("u", 0, incarnation="a"), job=JOB)
+    assert not book.get(NAMESPACE, "p").restarted  # type: ignore[union-attr]
+    book.record(NAMESPACE, "p", Report("u", 1, incarnation="b"), job=JOB)
+    assert book.get(NAMESPACE, "p").restarted  # type: ignore[union-attr]
+    # The stream broke and the same agent sends its report again: still proven.
+    book.record(NAMESPACE, "p", Report("u", 1, incarnation="b"), job=JOB)
+    assert book.get(NAMESPACE, "p").restarted  # type: ignore[union-attr]
+    # Process mode: the same agent at the next epoch restarted its trainer, not the pod.
+    book.record(NAMESPACE, "p", Report("u", 2, incarnation="b"), job=JOB)
+    assert not book.get(NAMESPACE, "p").restarted  # type: ignore[union-attr]
+
+
+def test_without_a_known_previous_incarnation_nothing_is_proven() -> None:
+    # A controller that restarted holds no previous report: the pod's status decides.
+    book = ArrivalBook()
+    book.record(NAMESPACE, "p", Report("u", 1, incarnation="b"), job=JOB)
+    assert not book.get(NAMESPACE, "p").restarted  # type: ignore[union-attr]
+    # An agent that sends no incarnation proves nothing, nor does one after it.
+    old = ArrivalBook()
+    old.record(NAMESPACE, "p", Report("u", 0), job=JOB)
+    old.record(NAMESPACE, "p", Report("u", 1, incarnation="b"), job=JOB)
+    assert not old.get(NAMESPACE, "p").restarted  # type: ignore[union-attr]
+    # A new pod of the name starts over.
+    book.record(NAMESPACE, "p", Report("u2", 2, incarnation="c"), job=JOB)
+    assert not book.get(NAMESPACE, "p").restarted  # type: ignore[union-attr]
+
+
+def test_the_book_counts_who_waits_at_each_epoch() -> None:
+    book = ArrivalBook()
+    for pod in ("a", "b", "c"):
+        book.record(NAMESPACE, pod, Report(f"u-{pod}", 0, incarnation="0"), job=JOB)
+    assert (book.waiting(JOB, 0), book.waiting(JOB, 1)) == (3, 0)
+    book.record(NAMESPACE, "a", Report("u-a", 1, incarnation="1"), job=JOB)
+    book.record(NAMESPACE, "b", Report("u-b", 1, incarnation="1"), job=JOB)
+    assert (book.waiting(JOB, 0), book.waiting(JOB, 1)) == (1, 2)
+    # Failed at 1 (its exit joins its report): no longer one of the barrier's arrivals.
+    book.record(NAMESPACE, "b", Report("u-b", 1, (1, None), incarnation="2"), job=JOB)
+    assert book.waiting(JOB, 1) == 1
+    book.forget(NAMESPACE, "a", "u-a")
+    assert book.waiting(JOB, 1) == 0
+    book.forget(NAMESPACE, "c", "someone-else")  # not its pod: kept
+    assert book.waiting(JOB, 0) == 1
+    assert book.waiting("other/job", 0) == 0
+
+
+RESTARTING: dict[str, tuple[str, str | None]] = {"AllContainersRestarting": ("True", None)}
+
+
+def view(**kw: Any) -> PodView:
+    base = PodView.from_pod(make_pod(0, epoch=0))
+    return base.__class__(**{**base.__dict__, **kw})
+
+
+def test_a_proven_report_counts_while_the_cache_shows_the_restart() -> None:
+    stale = view(conditions=RESTARTING)
+    unproven = with_report(stale, Report(stale.uid, 1, incarnation="b"))
+    assert unproven is stale  # as before: the pod's own status decides
+    proven = with_report(stale, Report(stale.uid, 1, incarnation="b", restarted=True))
+    assert (proven.arrived_epoch, proven.restarted) == (1, True)
+    # An annotation of a later epoch than the report is a later story: no proof for it.
+    later = with_report(view(arrived_epoch=2), Report(stale.uid, 1, restarted=True))
+    assert (later.arrived_epoch, later.restarted) == (2, False)
+
+
+def context(barrier_open: bool) -> classify.Context:
+    job = make_job(replicas=1)
+    opened = NOW if barrier_open else T0
+    return classify.Context.of(job, RestartMode.POD, 1, 1 if barrier_open else 0, opened)
+
+
+def restarting_pod(finished: str, **kw: Any) -> PodView:
+    """Rank 0 at epoch 1, its cached status still showing the whole-pod restart to epoch 1."""
+    pod = make_pod(0, epoch=1)
+    pod["status"]["conditions"].append({"type": "AllContainersRestarting", "status": "True"})
+    pod["status"]["containerStatuses"][0]["state"] = {
+        "terminated": {"exitCode": 137, "reason": "RestartingAllContainers", "finishedAt": finished}
+    }
+    v = PodView.from_pod(pod)
+    return v.__class__(**{**v.__dict__, **kw})
+
+
+def stamp(at: Any) -> str:
+    return str(at.strftime("%Y-%m-%dT%H:%M:%SZ"))
+
+
+def test_a_proven_worker_shows_no_failure_from_the_restart_it_came_back_from() -> None:
+    node = NodeView.from_node(make_node())
+    before = stamp(NOW - timedelta(seconds=3))
+    # Unproven, the stale status reads as a failure at epoch 1, as it always did.
+    assert classify.detect(context(False), 0, restarting_pod(before), node) is not None
+    # Proven: no failure, before the barrier opens and after it.
+    assert classify.detect(context(False), 0, restarting_pod(before, restarted=True), node) is None
+    assert classify.detect(context(True), 0, restarting_pod(before, restarted=True), node) is None
+    # A trainer that ended since the barrier opened is a failure at the epoch, proven or not.
+    after = restarting_pod(stamp(NOW + timedelta(seconds=1)), restarted=True)
+    failure = classify.detect(context(True), 0, after, node)
+    assert failure is not None
+    assert failure.failure_class == "ProcessExit"
+
+
+# --- the book and plan agree on when the barrier opens ----------------------------------------
+
+
+def restarting_gang(replicas: int) -> Any:
+    status = GangJobStatus(
+        phase=Phase.RESTARTING,
+        epoch=1,
+        barrier_epoch=0,
+        barrier_opened_at=T0,
+        start_time=T0,
+        mode=RestartMode.POD,
+        last_restart=RestartRecord(
+            epoch=1,
+            trigger=RestartTrigger(
+                worker=0,
+                failure_class="ProcessExit",
+                detail="x",
+                action=FailureAction.RESTART_GANG,
+            ),
+            detected_at=DETECTED,
+        ),
+    )
+    return with_status(make_job(replicas=replicas), status)
+
+
+def cached_pod(rank: int, lagging: bool) -> dict[str, Any]:
+    """Rank `rank` arrived at epoch 0 by annotation; if `lagging`, its cached status still
+    shows the restart to epoch 1 (the kubelet's writes not in yet)."""
+    pod = make_pod(rank, epoch=0)
+    if lagging:
+        pod["status"]["phase"] = "Pending"
+        pod["status"]["conditions"].append({"type": "AllContainersRestarting", "status": "True"})
+        pod["status"]["containerStatuses"][0]["state"] = {
+            "terminated": {
+                "exitCode": 137,
+                "reason": "RestartingAllContainers",
+                "finishedAt": stamp(DETECTED),
+            }
+        }
+    return pod
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.integers(min_value=1, max_value=6).flatmap(
+        lambda n: st.tuples(
+            st.permutations(range(n)),
+            st.lists(st.lists(st.booleans(), min_size=n, max_size=n), min_size=n, max_size=n),
+        )
+    )
+)
+def test_the_books_count_and_plan_agree_on_the_barrier(
+    case: tuple[list[int], list[list[bool]]],
+) -> None:
+    order, lags = case
+    replicas = len(order)
+    job = restarting_gang(replicas)
+    nodes = {"node-0": NodeView.from_node(make_node())}
+    book = ArrivalBook()
+    for rank in range(replicas):  # every agent had reported epoch 0 before the restart
+        book.record(NAMESPACE, f"{JOB_NAME}-{rank}", Report(f"uid-{rank}", 0, incarnation="0"), JOB)
+    for step, rank in enumerate(order):
+        # A new incarnation reports epoch 1, whatever the cache shows of its pod meanwhile.
+        report = Report(f"uid-{rank}", 1, incarnation=f"new-{rank}")
+        book.record(NAMESPACE, f"{JOB_NAME}-{rank}", report, JOB)
+        pods = [book.apply(PodView.from_pod(cached_pod(r, lags[step][r]))) for r in range(replicas)]
+        result = plan(Observed(job, pods, nodes, True, NOW))
+        complete = book.waiting(JOB, 1) >= replicas
+        assert (result.status.barrier_epoch == 1) == complete, (step, lags[step])
+        # The restart the workers came back from is never taken for a new failure.
+        assert result.status.epoch == 1
+        assert result.restart_started is None
+        assert result.failures == []
