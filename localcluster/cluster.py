@@ -19,6 +19,7 @@ from localcluster import build as buildmod
 from localcluster import node as nodemod
 from localcluster import pki
 from localcluster.handle import ClusterError, ClusterHandle
+from localcluster.jobset import KEEP_RUNNING_LABEL
 from localcluster.procs import stop
 from localcluster.versions import binary, kwok_stages_path, state_root
 
@@ -68,6 +69,18 @@ class Cluster(ClusterHandle):
                     f"run `localcluster down --name {self.name}` first"
                 )
             return self.kubeconfig
+        # Names outside WELL_KNOWN_SLOTS hash to a slot: two of them may share one, and with it
+        # the ports and the pod bridge.
+        same_slot = [
+            c.name
+            for c in known_clusters()
+            if c.name != self.name and c.ports.slot == self.ports.slot and c.is_up()
+        ]
+        if same_slot:
+            raise ClusterError(
+                f"cluster {self.name!r} would use the ports of {same_slot[0]!r} (slot "
+                f"{self.ports.slot}), which is up; pick another name"
+            )
         if self.procs():
             out.write(f"cluster {self.name!r} is partly up; stopping what is left of it\n")
             self.down(out)
@@ -320,20 +333,25 @@ so does the simulation."""
 
 def kwok_stages(stages: str) -> str:
     """KWOK's stage definitions, its pod-delete stage skipping pods labelled
-    `SIMULATED_KUBELET_LABEL`."""
+    `SIMULATED_KUBELET_LABEL` and its pod-complete stage skipping pods labelled
+    `KEEP_RUNNING_LABEL` (the JobSet peer's pods, owned by Jobs, which KWOK completes at once)."""
     docs = stages.strip().split("\n---\n")
+    _skip_labelled(docs, "pod-delete", SIMULATED_KUBELET_LABEL)
+    _skip_labelled(docs, "pod-complete", KEEP_RUNNING_LABEL)
+    return "\n---\n".join(docs) + "\n"
+
+
+def _skip_labelled(docs: list[str], stage: str, label: str) -> None:
+    """Makes the stage named `stage` leave pods carrying `label` alone."""
     for i, doc in enumerate(docs):
-        if "name: pod-delete" in doc:
+        if f"name: {stage}\n" in doc:
             head, sep, tail = doc.partition("    matchExpressions:\n")
             if not sep:
-                raise ValueError("KWOK's pod-delete stage has no matchExpressions to extend")
-            skip = (
-                f"    - key: '.metadata.labels.[\"{SIMULATED_KUBELET_LABEL}\"]'\n"
-                "      operator: 'DoesNotExist'\n"
-            )
+                raise ValueError(f"KWOK's {stage} stage has no matchExpressions to extend")
+            skip = f"    - key: '.metadata.labels.[\"{label}\"]'\n      operator: 'DoesNotExist'\n"
             docs[i] = head + sep + skip + tail
-            return "\n---\n".join(docs) + "\n"
-    raise ValueError("KWOK's stages have no pod-delete stage")
+            return
+    raise ValueError(f"KWOK's stages have no {stage} stage")
 
 
 def kwok_node(name: str, opts: Options) -> dict[str, Any]:

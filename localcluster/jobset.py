@@ -21,6 +21,7 @@ cluster's KWOK stages must skip (`keeps_pods_running` says whether they do).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import fcntl
 import json
@@ -34,7 +35,6 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -71,7 +71,7 @@ it. KWOK completes every Running pod that a Job owns at once, and JobSet's pods 
 Jobs; GangJob's pods are not, so only the peer needs this."""
 
 FIELD_MANAGER = "localcluster-jobset"
-COLD_BUILD_SECONDS = 150  # measured on 2 cores, beside a Kubernetes build
+COLD_BUILD_SECONDS = 200  # measured on 2 cores with an empty Go build cache
 DEFAULT_IMAGE = "localhost/busybox:dev"  # never pulled: KWOK runs no containers
 
 
@@ -103,7 +103,7 @@ def is_built() -> bool:
 # ---- build --------------------------------------------------------------------------------
 
 
-@contextmanager
+@contextlib.contextmanager
 def _lock() -> Iterator[None]:
     """One JobSet build at a time. Its own lock, not `build.build_lock`: a Kubernetes build
     holds that one for half an hour, and the two builds share nothing but Go's caches, which
@@ -135,9 +135,11 @@ def _module_info(go: str, log: TextIO) -> JsonDict:
 def ensure_built(out: TextIO = sys.stderr, force: bool = False) -> Path:
     """Builds the JobSet controller into the cache unless it is there; returns the binary.
 
-    `go install sigs.k8s.io/jobset@<version>` is refused for modules with replace directives;
-    the module's own source, built inside its own module, always works. The module cache is
-    read-only, so the source is built from a writable copy (which `-mod=mod` may touch).
+    `go install sigs.k8s.io/jobset@<version>` fails: it asks the module proxy for the module's
+    version list (for deprecation notices), which the proxy refuses (403). Downloading the
+    pinned version works, and its source is needed anyway for the CRD manifests: the binary is
+    built inside the module's own source. The module cache is read-only, so that is a writable
+    copy (`-mod=mod` may update its go.sum).
     """
     if not force and is_built():
         return binary_path()
@@ -210,7 +212,7 @@ def _request(
 def _established(crd: JsonDict) -> bool:
     return any(
         c.get("type") == "Established" and c.get("status") == "True"
-        for c in crd.get("status", {}).get("conditions", [])
+        for c in (crd.get("status") or {}).get("conditions") or []
     )
 
 
@@ -278,12 +280,14 @@ def keeps_pods_running(cluster: Cluster) -> bool:
 # ---- the controller process -----------------------------------------------------------------
 
 
-def _free_port() -> int:
-    """A loopback port nobody listens on now (the controller binds it a moment later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+def _free_ports(n: int) -> list[int]:
+    """`n` distinct loopback ports nobody listens on now (the controller binds them a moment
+    later). Held open together, so the kernel cannot hand out the same one twice."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
 
 
 def _self_signed(cert_dir: Path) -> None:
@@ -409,10 +413,7 @@ def start_controller(
         cert_dir = workdir / "certs"
         cert_dir.mkdir()
         _self_signed(cert_dir)
-        ports = [_free_port() for _ in range(3)]
-        if len(set(ports)) != 3:  # the kernel may hand out a just-released port again
-            ports = [_free_port() for _ in range(3)]
-        webhook_port, metrics_port, health_port = ports
+        webhook_port, metrics_port, health_port = _free_ports(3)
         config = workdir / "config.yaml"
         config.write_text(
             yaml.safe_dump(
@@ -462,8 +463,8 @@ def start_controller(
 
 def webhook_defaults(jobset: JsonDict) -> JsonDict:
     """A copy of `jobset` with what JobSet's mutating webhook (v0.12.0, `Default` in
-    pkg/webhooks/jobset_webhook.go) would set. Without the webhook the controller reads these
-    fields unchecked (a nil successPolicy or network panics it)."""
+    pkg/webhooks/jobset_webhook.go) would set. Without the webhook the controller reads some
+    of these unchecked: a nil successPolicy or network makes its reconcile panic."""
     js = copy.deepcopy(jobset)
     spec = js.setdefault("spec", {})
     spec.setdefault("successPolicy", {"operator": "All"})
@@ -526,7 +527,6 @@ def jobset_manifest(
                     "spec": {
                         "restartPolicy": "Never",
                         "nodeSelector": dict(node_selector or {"type": "kwok"}),
-                        "terminationGracePeriodSeconds": 0,
                         "containers": [container],
                     },
                 },
