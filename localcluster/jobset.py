@@ -38,18 +38,14 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, TextIO
+from typing import Any, Literal, TextIO
 
 import yaml
 
 from localcluster import build as buildmod
+from localcluster.handle import ClusterHandle
 from localcluster.procs import Proc, launch, stop, tail
 from localcluster.versions import JOBSET_VERSION, cache_root
-
-if TYPE_CHECKING:
-    # Only for annotations: at run time this module never imports `cluster`, so that `cluster`
-    # may import `KEEP_RUNNING_LABEL` from here for its KWOK stages without an import cycle.
-    from localcluster.cluster import Cluster
 
 JsonDict = dict[str, Any]
 
@@ -190,14 +186,14 @@ def ensure_built(out: TextIO = sys.stderr, force: bool = False) -> Path:
 
 
 def _request(
-    cluster: Cluster,
+    cluster: ClusterHandle,
     method: str,
     path: str,
     body: Any = None,
     content_type: str = "application/json",
     timeout: float = 30.0,
 ) -> JsonDict:
-    """One admin request (JSON in, JSON out); `Cluster.api` sends no apply patches."""
+    """One admin request (JSON in, JSON out); `ClusterHandle.api` sends no apply patches."""
     ctx = ssl.create_default_context(cafile=str(cluster.pki / "ca.crt"))
     ctx.load_cert_chain(str(cluster.pki / "admin.crt"), str(cluster.pki / "admin.key"))
     data = None if body is None else json.dumps(body).encode()
@@ -216,7 +212,7 @@ def _established(crd: JsonDict) -> bool:
     )
 
 
-def apply_crds(cluster: Cluster, timeout: float = 60.0) -> list[str]:
+def apply_crds(cluster: ClusterHandle, timeout: float = 60.0) -> list[str]:
     """Server-side applies JobSet's CRDs and waits until they are Established; returns their
     names. Server-side because the JobSet CRD (800 kB) is larger than the last-applied
     annotation of a client-side apply may be."""
@@ -259,7 +255,7 @@ def apply_crds(cluster: Cluster, timeout: float = 60.0) -> list[str]:
     return names
 
 
-def keeps_pods_running(cluster: Cluster) -> bool:
+def keeps_pods_running(cluster: ClusterHandle) -> bool:
     """Whether the cluster's KWOK leaves pods labelled `KEEP_RUNNING_LABEL` Running: its
     `pod-complete` stage (in ``<cluster>/kwok-stages.yaml``) must skip them."""
     try:
@@ -388,7 +384,7 @@ class JobSetController:
 
 
 def start_controller(
-    cluster: Cluster,
+    cluster: ClusterHandle,
     *,
     qps: float = 500.0,
     burst: int = 500,
