@@ -124,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
                 for p in ci["processes"]:
                     run = "running" if p["running"] else "exited"
                     print(f"    {p['name']:24} pid {p['pid']:<8} {run}")
+                if ci["host_address"]:
+                    print(f"    pods reach this host at {ci['host_address']}")
                 print(f"    KUBECONFIG={ci['kubeconfig']}")
             return 0
     except (ClusterError, buildmod.BuildError, OSError, RuntimeError) as e:

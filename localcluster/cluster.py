@@ -68,6 +68,13 @@ class Cluster(ClusterHandle):
                     f"cluster {self.name!r} is up with profile {prev!r}, not {opts.profile!r}; "
                     f"run `localcluster down --name {self.name}` first"
                 )
+            had = self.load().get("options", {})
+            differ = [f"{k}={v}" for k, v in had.items() if opts.to_json().get(k) != v]
+            if differ:
+                out.write(
+                    f"cluster {self.name!r} is up already, with {', '.join(differ)}: using it "
+                    f"as it is (`localcluster down --name {self.name}` to start it anew)\n"
+                )
             return self.kubeconfig
         # Names outside WELL_KNOWN_SLOTS hash to a slot: two of them may share one, and with it
         # the ports and the pod bridge.
