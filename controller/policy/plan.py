@@ -1084,20 +1084,3 @@ def job_succeeded(job: GangJob, workers: Mapping[int, PodView]) -> tuple[str, st
     if len(succeeded) == job.spec.replicas:
         return REASON_ALL_SUCCEEDED, f"All {job.spec.replicas} workers succeeded"
     return None
-
-
-def describe_failure(pod: PodView, trainer: str) -> str:
-    """Which pod failed and how, for a condition message: the trainer's exit code if it has
-    one, else the first failed container's, else the pod's own reason (e.g. Evicted)."""
-    head = f"Worker pod {pod.name} (rank {pod.rank}) failed"
-    terminated = [c for c in pod.containers if c.state == "terminated"]
-    candidates = [c for c in terminated if c.name == trainer] + [
-        c for c in terminated if c.name != trainer and c.exit_code not in (None, 0)
-    ]
-    for container in candidates:
-        if container.exit_code is not None:
-            why = f" ({container.reason})" if container.reason else ""
-            return f"{head}: container {container.name} exited with code {container.exit_code}{why}"
-    if pod.reason or pod.message:
-        return f"{head}: {': '.join(s for s in (pod.reason, pod.message) if s)}"
-    return head

@@ -29,7 +29,6 @@ from controller.policy.plan import (
     Plan,
     PlanConfig,
     PodDelete,
-    describe_failure,
     plan,
 )
 from controller.policy.views import NodeView, PodView
@@ -292,20 +291,6 @@ def test_a_non_retriable_exit_fails_the_job() -> None:
         PodDelete(name="llama-2", uid="uid-2", reason="JobFinished"),
     ]
     assert [(d.worker, d.action) for d in result.failures] == [(1, FailureAction.FAIL_JOB)]
-
-
-def test_describe_failure_of_an_evicted_pod() -> None:
-    evicted = make_pod(0, phase="Failed")
-    evicted["status"]["containerStatuses"] = []
-    evicted["status"]["reason"] = "Evicted"
-    evicted["status"]["message"] = "The node was low on resource: memory."
-    assert describe_failure(PodView.from_pod(evicted), "trainer") == (
-        "Worker pod llama-0 (rank 0) failed: Evicted: The node was low on resource: memory."
-    )
-    crashed = PodView.from_pod(make_pod(1, phase="Failed", exit_code=3))
-    assert describe_failure(crashed, "trainer") == (
-        "Worker pod llama-1 (rank 1) failed: container trainer exited with code 3 (Error)"
-    )
 
 
 def test_a_worker_failing_while_deleted_is_no_failure() -> None:
