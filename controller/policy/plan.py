@@ -1,12 +1,12 @@
 """The controller's policy, pure: from what was observed of one GangJob (the job, its pods, the
 nodes, the time) to a `Plan` of what reconcile must do (the desired status, pods and Service to
-create, pods to delete, Events). All decisions of DESIGN.md sections 3-4 live here; no I/O.
+create, pods to delete, Events). All decisions of docs/design.md sections 3-4 live here; no I/O.
 
-`plan` runs a flat sequence of small steps over one `_Pass`. Each step reads the observation,
+`plan` runs a flat sequence of small steps over one `Pass`. Each step reads the observation,
 adds to the pass (status fields, creates, deletes, events), and returns True to end the pass
 early, as jobset's reconciler does.
 
-The restart protocol (DESIGN.md section 3) in these steps: failures are attributed to the epoch
+The restart protocol (docs/design.md section 3) in these steps: failures are attributed to the epoch
 the worker was at, and only a worker at `status.epoch` can cause a restart (a worker below it is
 restarting because of the protocol); all failures of a pass make at most one epoch bump; the
 barrier of an epoch opens once every worker has arrived at it. Everything is read back from the
@@ -17,14 +17,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from api.constants import (
     ANNOTATION_RESTART_MODE,
-    AVOID_NODES_LIMIT,
-    HISTORY_LIMIT,
     REASON_ALL_SUCCEEDED,
     REASON_BARRIER_OPEN,
     REASON_FAILED,
@@ -56,26 +53,37 @@ from api.v1alpha1 import (
     ConditionStatus,
     FailureAction,
     GangJob,
-    GangJobStatus,
     Phase,
     RestartCounts,
     RestartMode,
     RestartRecord,
     RestartTrigger,
     SuccessPolicy,
-    WorkersStatus,
 )
 from controller.policy import classify, nodematch, podspec
 from controller.policy.classify import Decision, FailureClass
-from controller.policy.conditions import get_condition, is_true, set_condition
+from controller.policy.conditions import get_condition, is_true
+from controller.policy.gang import (
+    POD_RUNNING,
+    POD_SUCCEEDED,
+    POD_TERMINAL,
+    arrived_by_barrier,
+    at_epoch,
+    sort_pods,
+)
+from controller.policy.passstate import (
+    EventSpec,
+    Observed,
+    Pass,
+    Plan,
+    PlanConfig,
+    PodDelete,
+    job_for_pods,
+    worker_text,
+)
 from controller.policy.views import NodeView, PodView
 
-# Pod phases (core/v1).
-POD_RUNNING: Final = "Running"
-POD_SUCCEEDED: Final = "Succeeded"
-POD_FAILED: Final = "Failed"
-_POD_TERMINAL: Final = frozenset({POD_SUCCEEDED, POD_FAILED})
-
+__all__ = ["STEPS", "EventSpec", "Observed", "Plan", "PlanConfig", "PlanStep", "PodDelete", "plan"]
 
 FEATURE_RESTART_ALL_CONTAINERS: Final = "RestartAllContainersOnContainerExits"
 """What a node declares (`status.declaredFeatures`) when its kubelet does KEP-5532."""
@@ -87,302 +95,26 @@ kubelet resets CrashLoopBackOff after 10 minutes of running, too)."""
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 
 
-@dataclass(frozen=True)
-class PlanConfig:
-    """Settings of the controller that policy depends on."""
-
-    agent_image: str = "localhost/gangjob-agent:dev"
-    arrival_url: str | None = None
-    """The controller's arrival endpoint as pods reach it (controller.arrivals); None: agents
-    arrive by annotation only."""
-
-
-@dataclass(frozen=True)
-class Observed:
-    """Everything `plan` may look at, read from the caches by reconcile."""
-
-    job: GangJob
-    pods: Sequence[PodView]
-    """Every pod labelled gangjob.io/name=<job> in the job's namespace."""
-    nodes: Mapping[str, NodeView]
-    """Node name -> view, for all nodes of the cluster."""
-    service_exists: bool
-    """The headless Service <job> exists."""
-    now: datetime
-    """Aware UTC."""
-
-
-@dataclass(frozen=True)
-class PodDelete:
-    """Delete one pod, preconditioned on its UID (a same-named successor is never hit)."""
-
-    name: str
-    uid: str
-    grace_seconds: int | None = None
-    """None: the pod's own grace period; 0: force."""
-    mark_failed: bool = False
-    """Set the pod's phase Failed (status patch) before deleting it: the force-delete protocol
-    of DESIGN.md section 4."""
-    reason: str = ""
-
-
-@dataclass(frozen=True)
-class EventSpec:
-    """An Event on the GangJob, emitted once the status write succeeded."""
-
-    type: Literal["Normal", "Warning"]
-    reason: str
-    message: str
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What one reconcile must do."""
-
-    status: GangJobStatus
-    """The complete desired status; reconcile writes it only if != job.status."""
-    create_service: dict[str, Any] | None
-    create_pods: list[dict[str, Any]]
-    """Complete pod manifests (from podspec)."""
-    delete_pods: list[PodDelete]
-    events: list[EventSpec]
-    delete_job: bool = False
-    """ttlSecondsAfterFinished has elapsed."""
-    requeue_after: float | None = None
-    """Seconds until a timer fires (ttl, backoff, barrier timeout, force-delete guard)."""
-    restart_started: RestartRecord | None = None
-    """The restart this pass began (the epoch was raised): for the restart's trace span."""
-    restart_finished: RestartRecord | None = None
-    """The restart whose barrier this pass opened, with its timings."""
-    failures: list[Decision] = field(default_factory=list)
-    """The failures this pass acted on (a restart, a recreated worker, the job failed), each
-    with its class, action and whether it counted: for `gangjob_restarts_total{class,action}`.
-    A failure is acted on in one pass only; ignored failures are never listed."""
-
-
-# --- the pass -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Gang:
-    """The observed pods sorted out once: workers by rank, and the rest."""
-
-    workers: dict[int, PodView]
-    """Rank -> its pod: ours (controller ownerReference to this job), rank in range, named
-    `<job>-<rank>`. At most one per rank, because the name is derived from the rank."""
-    strays: list[PodView]
-    """Ours, but not a worker: rank missing or out of range, or a name not `<job>-<rank>`."""
-    names: frozenset[str]
-    """Names of every observed pod, ours or not, terminating or not: a name still taken."""
-    live: dict[int, PodView]
-    """The workers not being deleted: those that can still work, fail or succeed."""
-
-
-def _sort_pods(job: GangJob, pods: Sequence[PodView]) -> _Gang:
-    workers: dict[int, PodView] = {}
-    strays: list[PodView] = []
-    for pod in pods:
-        # A pod controlled by another object (a deleted namesake GangJob's leftovers, or an
-        # orphan) is not ours to count or delete; it still holds its name.
-        if job.metadata.uid is None or pod.controller_uid != job.metadata.uid:
-            continue
-        rank = pod.rank
-        if (
-            rank is not None
-            and 0 <= rank < job.spec.replicas
-            and pod.name == podspec.pod_name(job.metadata.name, rank)
-        ):
-            workers[rank] = pod
-        else:
-            strays.append(pod)
-    live = {rank: pod for rank, pod in workers.items() if not pod.terminating}
-    return _Gang(workers, strays, frozenset(pod.name for pod in pods), live)
-
-
-def arrived_by_barrier(pods: Sequence[PodView], status: GangJobStatus) -> list[PodView]:
-    """The pods, each known to have arrived at `status.epoch` if its barrier is open.
-
-    The barrier opened only when every worker present had arrived, so the status alone says
-    where they stand afterwards. Arrivals reported to the controller directly live in its
-    memory until then (controller.arrivals); a controller restarted later still knows every
-    worker is at the epoch, and judges their failures as failures of the gang."""
-    epoch, opened = status.epoch, status.barrier_opened_at
-    if status.barrier_epoch != epoch or opened is None:
-        return list(pods)
-    # Only pods older than the barrier: one created since (a deleted worker replaced while its
-    # restart waits out the backoff) has yet to arrive. Whole seconds on both sides, and a pod
-    # of the barrier's own second is left to its own report.
-    cutoff = opened.replace(microsecond=0)
-    return [
-        dataclasses.replace(pod, arrived_epoch=epoch)
-        if (pod.arrived_epoch is None or pod.arrived_epoch < epoch)
-        and pod.creation_timestamp is not None
-        and pod.creation_timestamp < cutoff
-        else pod
-        for pod in pods
-    ]
-
-
-def worker_epoch(pod: PodView) -> int | None:
-    """The epoch a worker is at: the one it arrived at, else (a fresh pod whose agent has not
-    arrived yet) the one it was created at; None if the pod says neither."""
-    return pod.arrived_epoch if pod.arrived_epoch is not None else pod.created_epoch
-
-
-def at_epoch(pod: PodView, epoch: int) -> bool:
-    """The worker is at `epoch`: its failures are failures of the gang at that epoch. A worker
-    below is expected to restart; one above (against the protocol: a status written back from
-    an old copy) is no one's to restart for, and the barrier timeout recreates it."""
-    return worker_epoch(pod) == epoch
-
-
-@dataclass
-class _Pass:
-    """One planning pass: the observation, and the plan being gathered."""
-
-    observed: Observed
-    config: PlanConfig
-    gang: _Gang
-    # The status being built, starting from the observed one.
-    phase: Phase | None
-    conditions: list[Condition]
-    start_time: datetime | None
-    completion_time: datetime | None
-    epoch: int
-    barrier_epoch: int | None
-    barrier_opened_at: datetime | None
-    restarts: RestartCounts
-    last_restart: RestartRecord | None
-    history: list[RestartRecord]
-    mode: RestartMode | None
-    avoid_nodes: list[str]
-    create_service: dict[str, Any] | None = None
-    create_pods: dict[int, dict[str, Any]] = field(default_factory=dict)
-    delete_pods: dict[str, PodDelete] = field(default_factory=dict)
-    events: list[EventSpec] = field(default_factory=list)
-    delete_job: bool = False
-    requeue_after: float | None = None
-    decisions: list[Decision] = field(default_factory=list)
-    """The failures at `status.epoch` found in this pass, classified."""
-    pending_failure: bool = False
-    """A failure at the epoch waits (backoff): the barrier must not open over it."""
-    acted: list[Decision] = field(default_factory=list)
-    restart_started: RestartRecord | None = None
-    restart_finished: RestartRecord | None = None
-
-    @property
-    def job(self) -> GangJob:
-        return self.observed.job
-
-    @property
-    def now(self) -> datetime:
-        return self.observed.now
-
-    @property
-    def stamp(self) -> datetime:
-        """`now` as status timestamps store it (whole seconds), so that a pass that computes
-        from a timestamp it wrote gets the same result as the next, which reads it back."""
-        return self.observed.now.replace(microsecond=0)
-
-    @property
-    def effective_mode(self) -> RestartMode:
-        return self.mode or self.job.spec.restart.mode
-
-    def node_of(self, pod: PodView) -> NodeView | None:
-        return self.observed.nodes.get(pod.node_name) if pod.node_name else None
-
-    def set_condition(
-        self, type_: ConditionType, status: ConditionStatus, reason: str, message: str
-    ) -> None:
-        self.conditions = set_condition(
-            self.conditions,
-            type_,
-            status,
-            reason,
-            message,
-            self.now,
-            self.job.metadata.generation,
-        )
-
-    def delete(self, pod: PodView, reason: str) -> None:
-        # A pod already terminating was deleted before: asking again changes nothing.
-        if not pod.terminating and pod.name not in self.delete_pods:
-            self.delete_pods[pod.name] = PodDelete(name=pod.name, uid=pod.uid, reason=reason)
-
-    def requeue(self, seconds: float) -> None:
-        if self.requeue_after is None or seconds < self.requeue_after:
-            self.requeue_after = seconds
-
-    def is_finished(self) -> bool:
-        return self.phase in (Phase.SUCCEEDED, Phase.FAILED)
-
-    def staying(self) -> dict[int, PodView]:
-        """The live workers that this plan does not delete."""
-        return {r: pod for r, pod in self.gang.live.items() if pod.name not in self.delete_pods}
-
-    def workers_status(self) -> WorkersStatus:
-        """Counts as they will be once this plan is carried out, so that the next pass, which
-        sees the created pods and the deleted ones terminating, computes the same counts."""
-        live = self.staying()
-        return WorkersStatus(
-            total=len(live) + len(self.create_pods),
-            ready=sum(pod.ready for pod in live.values()),
-            arrived=sum(pod.arrived_epoch == self.epoch for pod in live.values()),
-        )
-
-    def status(self) -> GangJobStatus:
-        return GangJobStatus(
-            phase=self.phase,
-            epoch=self.epoch,
-            barrier_epoch=self.barrier_epoch,
-            barrier_opened_at=self.barrier_opened_at,
-            workers=self.workers_status(),
-            restarts=self.restarts,
-            last_restart=self.last_restart,
-            history=self.history[-HISTORY_LIMIT:],
-            conditions=self.conditions,
-            observed_generation=self.job.metadata.generation,
-            start_time=self.start_time,
-            completion_time=self.completion_time,
-            mode=self.mode,
-            avoid_nodes=self.avoid_nodes[-AVOID_NODES_LIMIT:] or None,
-        )
-
-    def plan(self) -> Plan:
-        return Plan(
-            status=self.status(),
-            create_service=self.create_service,
-            create_pods=[self.create_pods[rank] for rank in sorted(self.create_pods)],
-            delete_pods=list(self.delete_pods.values()),
-            events=self.events,
-            delete_job=self.delete_job,
-            requeue_after=self.requeue_after,
-            restart_started=self.restart_started,
-            restart_finished=self.restart_finished,
-            failures=self.acted,
-        )
-
-
-Step = Callable[[_Pass], bool]
+PlanStep = Callable[[Pass], bool]
 """A step of the pass: adds to it, and returns True to end the pass."""
 
 # --- steps, in order --------------------------------------------------------------------------
 
 
-def _delete_strays(p: _Pass) -> bool:
+def _delete_strays(p: Pass) -> bool:
     """Pods of ours that are no worker (scaled away, rank label missing or wrong name) go."""
     for pod in p.gang.strays:
         p.delete(pod, REASON_STRAY_POD)
     return False
 
 
-def _stop_if_job_deleted(p: _Pass) -> bool:
+def _stop_if_job_deleted(p: Pass) -> bool:
     """A job being deleted gets nothing new: garbage collection is removing its pods, and
     creating more would race it."""
     return p.job.metadata.deletion_timestamp is not None
 
 
-def _force_delete_lost(p: _Pass) -> bool:
+def _force_delete_lost(p: Pass) -> bool:
     """A pod of ours stuck terminating on a lost node is force-deleted once the guards of
     DESIGN.md section 4 all hold: no kubelet will ever confirm its end, and the name it holds
     keeps its worker from being created again. A zombie that is in fact alive is fenced by the
@@ -409,19 +141,19 @@ def _force_delete_lost(p: _Pass) -> bool:
     return False
 
 
-def _finished(p: _Pass) -> bool:
+def _finished(p: Pass) -> bool:
     """A Succeeded or Failed job stays so: it only frees its devices and waits for its TTL."""
     if not p.is_finished():
         return False
     # Running workers hold GPUs for nothing; finished ones are kept for their logs.
     for pod in p.gang.workers.values():
-        if pod.phase not in _POD_TERMINAL:
+        if pod.phase not in POD_TERMINAL:
             p.delete(pod, REASON_JOB_FINISHED)
     _ttl(p)
     return True
 
 
-def _ttl(p: _Pass) -> None:
+def _ttl(p: Pass) -> None:
     ttl = p.job.spec.ttl_seconds_after_finished
     if ttl is None or p.completion_time is None:
         return
@@ -432,7 +164,7 @@ def _ttl(p: _Pass) -> None:
         p.requeue(remaining)
 
 
-def _suspend(p: _Pass) -> bool:
+def _suspend(p: Pass) -> bool:
     """`suspend: true` deletes every pod and holds the job; `false` again resumes it."""
     was_suspended = is_true(p.conditions, ConditionType.SUSPENDED)
     if not p.job.spec.suspend:
@@ -454,7 +186,7 @@ def _suspend(p: _Pass) -> bool:
     return True
 
 
-def _choose_mode(p: _Pass) -> bool:
+def _choose_mode(p: Pass) -> bool:
     """`status.mode`: `spec.restart.mode` if the cluster honours it, else the next mode that
     works, said in the `ModeDegraded` condition (never silently). Workers built for another
     mode are deleted, to be created again in this one."""
@@ -487,7 +219,7 @@ def _choose_mode(p: _Pass) -> bool:
     return False
 
 
-def _fallback_holds(p: _Pass, held: Condition) -> bool:
+def _fallback_holds(p: Pass, held: Condition) -> bool:
     """Whether a fallback made earlier still holds, whatever the nodes say now."""
     # The apiserver's gates do not change under a running job: once rules were dropped, the
     # fallback holds for the job's life (and would otherwise flap with every new pod).
@@ -497,7 +229,7 @@ def _fallback_holds(p: _Pass, held: Condition) -> bool:
     return p.mode not in (None, RestartMode.POD) and bool(p.gang.workers)
 
 
-def _pod_mode_problem(p: _Pass) -> tuple[str, str] | None:
+def _pod_mode_problem(p: Pass) -> tuple[str, str] | None:
     """(reason, message) if `Pod` mode cannot work here, else None."""
     stripped = sorted(pod.name for pod in p.gang.workers.values() if _rules_dropped(pod))
     if stripped and _pod_mode_has_rules(p):
@@ -531,11 +263,11 @@ def _rules_dropped(pod: PodView) -> bool:
     return pod.restart_mode == RestartMode.POD and not pod.has_restart_rules
 
 
-def _pod_mode_has_rules(p: _Pass) -> bool:
+def _pod_mode_has_rules(p: Pass) -> bool:
     """Whether podspec gives a `Pod`-mode worker restart rules at all: only then does a pod
     without any say that the apiserver dropped them."""
     try:
-        pod = podspec.build_pod(_job_for_pods(p, RestartMode.POD), 0, p.config.agent_image)
+        pod = podspec.build_pod(job_for_pods(p, RestartMode.POD), 0, p.config.agent_image)
     except ValueError:
         return False
     spec = pod.get("spec") or {}
@@ -543,17 +275,17 @@ def _pod_mode_has_rules(p: _Pass) -> bool:
     return any(c.get("restartPolicyRules") for c in containers)
 
 
-def _fallback_mode(p: _Pass) -> RestartMode:
+def _fallback_mode(p: Pass) -> RestartMode:
     """`Process` needs no KEP-5532; a template it cannot wrap (no `command`) gets `Recreate`,
     which works everywhere."""
     try:
-        podspec.build_pod(_job_for_pods(p, RestartMode.PROCESS), 0, p.config.agent_image)
+        podspec.build_pod(job_for_pods(p, RestartMode.PROCESS), 0, p.config.agent_image)
     except ValueError:
         return RestartMode.RECREATE
     return RestartMode.PROCESS
 
 
-def _complete(p: _Pass) -> bool:
+def _complete(p: Pass) -> bool:
     """The job succeeds per its successPolicy; then it is finished and handled as such."""
     outcome = job_succeeded(p.job, p.gang.live)
     if outcome is None:
@@ -564,7 +296,7 @@ def _complete(p: _Pass) -> bool:
     return _finished(p)
 
 
-def _finish(p: _Pass, phase: Phase, type_: ConditionType, reason: str, message: str) -> None:
+def _finish(p: Pass, phase: Phase, type_: ConditionType, reason: str, message: str) -> None:
     p.phase = phase
     p.completion_time = p.stamp
     p.set_condition(type_, ConditionStatus.TRUE, reason, message)
@@ -575,7 +307,7 @@ def _finish(p: _Pass, phase: Phase, type_: ConditionType, reason: str, message: 
         )
 
 
-def _classify(p: _Pass) -> bool:
+def _classify(p: Pass) -> bool:
     """Every worker's failure at `status.epoch`, classified. A worker below the epoch is
     restarting because of the protocol: its exits and restarts are no failure, so that one
     failure makes one bump however many workers then report it."""
@@ -599,14 +331,14 @@ def _classify(p: _Pass) -> bool:
     return False
 
 
-def _fail_by_policy(p: _Pass) -> bool:
+def _fail_by_policy(p: Pass) -> bool:
     """A `FailJob` rule, or a counted restart past `spec.restart.maxRestarts`, fails the job."""
     fails = [d for d in p.decisions if d.action is FailureAction.FAIL_JOB]
     first = classify.lowest(fails)
     if first is not None:
         reason = REASON_NON_RETRIABLE_EXIT if first.by_exit_code else REASON_FAILURE_POLICY
         message = (
-            f"{_worker(p, first.worker)}: {first.failure.detail}; "
+            f"{worker_text(p, first.worker)}: {first.failure.detail}; "
             f"spec.failurePolicy.rules[{first.rule}] fails the job"
         )
         p.acted = fails
@@ -617,20 +349,20 @@ def _fail_by_policy(p: _Pass) -> bool:
     if first is not None and any(d.counted for d in restarting) and p.restarts.counted >= limit:
         message = (
             f"{p.restarts.counted} counted restarts reached spec.restart.maxRestarts ({limit}); "
-            f"last failure: {_worker(p, first.worker)}: {first.failure.detail}"
+            f"last failure: {worker_text(p, first.worker)}: {first.failure.detail}"
         )
         p.acted = restarting
         return _fail(p, REASON_MAX_RESTARTS, message)
     return False
 
 
-def _fail(p: _Pass, reason: str, message: str) -> bool:
+def _fail(p: Pass, reason: str, message: str) -> bool:
     _finish(p, Phase.FAILED, ConditionType.FAILED, reason, message)
     p.events.append(EventSpec("Warning", REASON_FAILED, message))
     return _finished(p)
 
 
-def _restart(p: _Pass) -> bool:
+def _restart(p: Pass) -> bool:
     """The failures of this pass restart the gang once: `status.epoch` + 1, with the lowest
     rank's failure as the trigger. A counted restart first waits out its backoff; the failure
     stays observable meanwhile, so nothing has to be remembered."""
@@ -647,7 +379,7 @@ def _restart(p: _Pass) -> bool:
     return False
 
 
-def _bump(p: _Pass, restarting: list[Decision], counted: bool) -> None:
+def _bump(p: Pass, restarting: list[Decision], counted: bool) -> None:
     epoch = p.epoch + 1
     recreated = _to_recreate(p, restarting)
     for rank in sorted(recreated):
@@ -688,7 +420,7 @@ def _bump(p: _Pass, restarting: list[Decision], counted: bool) -> None:
         in_place=r.in_place + (not recreated),
         recreated_workers=r.recreated_workers + len(recreated),
     )
-    message = f"Restarting the gang at epoch {epoch}: {_worker(p, trigger.worker)} " + (
+    message = f"Restarting the gang at epoch {epoch}: {worker_text(p, trigger.worker)} " + (
         f"{trigger.failure_class}: {detail}"
     )
     if recreated:
@@ -700,7 +432,7 @@ def _bump(p: _Pass, restarting: list[Decision], counted: bool) -> None:
     p.acted = restarting
 
 
-def _to_recreate(p: _Pass, restarting: list[Decision]) -> set[int]:
+def _to_recreate(p: Pass, restarting: list[Decision]) -> set[int]:
     """Ranks created anew by a restart: all in `Recreate` mode; else those the policy recreates,
     those whose pod is gone, and those that cannot restart in place."""
     replicas = p.job.spec.replicas
@@ -716,10 +448,10 @@ def _to_recreate(p: _Pass, restarting: list[Decision]) -> set[int]:
     return ranks
 
 
-def _stuck(p: _Pass, pod: PodView) -> tuple[FailureClass, str] | None:
+def _stuck(p: Pass, pod: PodView) -> tuple[FailureClass, str] | None:
     """Why a live worker cannot restart in place (its pod finished, its node is lost, or in
     `Process` mode its trainer's container, the agent, is dead), or None."""
-    if pod.phase in _POD_TERMINAL:
+    if pod.phase in POD_TERMINAL:
         return FailureClass.POD_FAILED, f"pod is {pod.phase}"
     if pod.node_name is not None:
         lost = classify.node_lost(pod.node_name, p.node_of(pod))
@@ -731,7 +463,7 @@ def _stuck(p: _Pass, pod: PodView) -> tuple[FailureClass, str] | None:
     return None
 
 
-def _delete_recreated(p: _Pass) -> bool:
+def _delete_recreated(p: Pass) -> bool:
     """The old pods of the workers the current restart recreates are deleted until they are
     gone: a pass after a lost delete asks again, from the status alone."""
     last = p.last_restart
@@ -745,7 +477,7 @@ def _delete_recreated(p: _Pass) -> bool:
     return False
 
 
-def _recreate_laggards(p: _Pass) -> bool:
+def _recreate_laggards(p: Pass) -> bool:
     """Workers the barrier waits for in vain are recreated at the epoch, without a bump (nobody
     runs at it yet): those below it that cannot restart in place, and those not arrived
     `spec.restart.barrierTimeoutSeconds` after the restart began (or their pod was created)."""
@@ -774,7 +506,7 @@ def _recreate_laggards(p: _Pass) -> bool:
 
 
 def _recreate_worker(
-    p: _Pass, pod: PodView, failure: classify.Failure, last: RestartRecord | None
+    p: Pass, pod: PodView, failure: classify.Failure, last: RestartRecord | None
 ) -> None:
     p.delete(pod, REASON_WORKER_RECREATED)
     rank = failure.worker
@@ -792,18 +524,18 @@ def _recreate_worker(
         EventSpec(
             "Warning",
             REASON_WORKER_RECREATED,
-            f"Recreating {_worker(p, rank)} at epoch {p.epoch}: "
+            f"Recreating {worker_text(p, rank)} at epoch {p.epoch}: "
             f"{failure.failure_class}: {failure.detail}",
         )
     )
 
 
-def _create(p: _Pass) -> bool:
+def _create(p: Pass) -> bool:
     """The Service if missing, and every missing rank's pod, at the epoch of this pass."""
     if not p.observed.service_exists:
         p.create_service = podspec.build_service(p.job)
     name = p.job.metadata.name
-    job = _job_for_pods(p, p.effective_mode)
+    job = job_for_pods(p, p.effective_mode)
     # A pod of this name still terminating counts as present: a second pod of the same name
     # cannot be created, and the new one waits for the old to be gone. A force-delete (grace
     # 0, no finalizers of ours) frees the name at once, and reconcile deletes before it creates.
@@ -827,7 +559,7 @@ def _create(p: _Pass) -> bool:
     return False
 
 
-def _invalid_template(p: _Pass, error: ValueError) -> bool:
+def _invalid_template(p: Pass, error: ValueError) -> bool:
     """podspec cannot build a worker from the template: say why, once, and create nothing
     until the spec changes."""
     reason = getattr(error, "reason", REASON_INVALID_TEMPLATE)
@@ -842,7 +574,7 @@ def _invalid_template(p: _Pass, error: ValueError) -> bool:
     return True
 
 
-def _barrier(p: _Pass) -> bool:
+def _barrier(p: Pass) -> bool:
     """The barrier of `status.epoch` opens once every worker has arrived at it: all ranks
     present, none terminating or being deleted, each arrived at exactly the epoch; never over a
     failure that waits for its restart."""
@@ -864,7 +596,7 @@ def _barrier(p: _Pass) -> bool:
     p.history.append(done)
     message = (
         f"Every worker arrived at epoch {p.epoch}: the gang restarted in {duration:.2f}s "
-        f"(trigger: {_worker(p, last.trigger.worker)} {last.trigger.failure_class})"
+        f"(trigger: {worker_text(p, last.trigger.worker)} {last.trigger.failure_class})"
     )
     p.set_condition(ConditionType.RESTARTING, ConditionStatus.FALSE, REASON_BARRIER_OPEN, message)
     p.events.append(EventSpec("Normal", REASON_GANG_RESTARTED, message))
@@ -872,7 +604,7 @@ def _barrier(p: _Pass) -> bool:
     return False
 
 
-def _running(p: _Pass) -> bool:
+def _running(p: Pass) -> bool:
     """Restarting until the barrier of a restart opens; then Pending until every worker is
     Running and Ready, then Running."""
     replicas = p.job.spec.replicas
@@ -896,7 +628,7 @@ def _running(p: _Pass) -> bool:
     return True
 
 
-STEPS: Final[tuple[Step, ...]] = (
+STEPS: Final[tuple[PlanStep, ...]] = (
     _stop_if_job_deleted,
     _delete_strays,
     _force_delete_lost,
@@ -915,17 +647,20 @@ STEPS: Final[tuple[Step, ...]] = (
 )
 
 
-def plan(observed: Observed, config: PlanConfig = PlanConfig()) -> Plan:
+_DEFAULT_CONFIG: Final = PlanConfig()
+
+
+def plan(observed: Observed, config: PlanConfig = _DEFAULT_CONFIG) -> Plan:
     """Decide what one reconcile of `observed.job` does.
 
     Raises ValueError if pods are to be created for a job without `metadata.uid` (the apiserver
     always sets one): a pod must be owned by its job.
     """
     status = observed.job.status
-    p = _Pass(
+    p = Pass(
         observed=observed,
         config=config,
-        gang=_sort_pods(observed.job, arrived_by_barrier(observed.pods, status)),
+        gang=sort_pods(observed.job, arrived_by_barrier(observed.pods, status)),
         phase=status.phase,
         conditions=list(status.conditions),
         start_time=status.start_time,
@@ -978,19 +713,6 @@ def _ranks_text(ranks: set[int], replicas: int) -> str:
     shown = sorted(ranks)[:RANKS_SHOWN]
     more = len(ranks) - len(shown)
     return f"worker(s) {shown}" + (f" and {more} more" if more else "")
-
-
-def _worker(p: _Pass, rank: int | None) -> str:
-    if rank is None:
-        return "the gang"
-    return f"worker {rank} (pod {podspec.pod_name(p.job.metadata.name, rank)})"
-
-
-def _job_for_pods(p: _Pass, mode: RestartMode) -> GangJob:
-    """The job as podspec must see it to build pods of this pass: at its (maybe new) epoch,
-    which the pods record as their created-epoch, and in the mode in effect."""
-    status = p.job.status.model_copy(update={"epoch": p.epoch, "mode": mode})
-    return p.job.model_copy(update={"status": status})
 
 
 def finish_pod(

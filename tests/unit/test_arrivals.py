@@ -30,7 +30,7 @@ from controller.arrivals import auth as arrival_auth
 from controller.arrivals.auth import Identity, Unauthorized, identity_of
 from controller.arrivals.book import ArrivalBook, Report, with_report
 from controller.arrivals.server import BadReport, arrivals_app, parse_report
-from controller.policy.plan import arrived_by_barrier
+from controller.policy.gang import arrived_by_barrier
 from controller.policy.views import PodView
 from localcluster.procs import free_port
 from tests.unit.test_agent import DEADLINE, JOB, NS, FakeApi, make_config, running, until

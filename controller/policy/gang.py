@@ -1,0 +1,93 @@
+"""The observed pods sorted into a gang (workers by rank, strays, names still taken) and where
+each worker stands in the restart protocol: the epoch it is at (docs/design.md sections 3.3 and
+5.2)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from api.v1alpha1 import GangJob, GangJobStatus
+from controller.policy import podspec
+from controller.policy.views import PodView
+
+# Pod phases (core/v1).
+POD_RUNNING: Final = "Running"
+POD_SUCCEEDED: Final = "Succeeded"
+POD_FAILED: Final = "Failed"
+POD_TERMINAL: Final = frozenset({POD_SUCCEEDED, POD_FAILED})
+
+
+@dataclass(frozen=True)
+class Gang:
+    """The observed pods sorted out once: workers by rank, and the rest."""
+
+    workers: dict[int, PodView]
+    """Rank -> its pod: ours (controller ownerReference to this job), rank in range, named
+    `<job>-<rank>`. At most one per rank, because the name is derived from the rank."""
+    strays: list[PodView]
+    """Ours, but not a worker: rank missing or out of range, or a name not `<job>-<rank>`."""
+    names: frozenset[str]
+    """Names of every observed pod, ours or not, terminating or not: a name still taken."""
+    live: dict[int, PodView]
+    """The workers not being deleted: those that can still work, fail or succeed."""
+
+
+def sort_pods(job: GangJob, pods: Sequence[PodView]) -> Gang:
+    workers: dict[int, PodView] = {}
+    strays: list[PodView] = []
+    for pod in pods:
+        # A pod controlled by another object (a deleted namesake GangJob's leftovers, or an
+        # orphan) is not ours to count or delete; it still holds its name.
+        if job.metadata.uid is None or pod.controller_uid != job.metadata.uid:
+            continue
+        rank = pod.rank
+        if (
+            rank is not None
+            and 0 <= rank < job.spec.replicas
+            and pod.name == podspec.pod_name(job.metadata.name, rank)
+        ):
+            workers[rank] = pod
+        else:
+            strays.append(pod)
+    live = {rank: pod for rank, pod in workers.items() if not pod.terminating}
+    return Gang(workers, strays, frozenset(pod.name for pod in pods), live)
+
+
+def arrived_by_barrier(pods: Sequence[PodView], status: GangJobStatus) -> list[PodView]:
+    """The pods, each known to have arrived at `status.epoch` if its barrier is open.
+
+    The barrier opened only when every worker present had arrived, so the status alone says
+    where they stand afterwards. Arrivals reported to the controller directly live in its
+    memory until then (controller.arrivals); a controller restarted later still knows every
+    worker is at the epoch, and judges their failures as failures of the gang."""
+    epoch, opened = status.epoch, status.barrier_opened_at
+    if status.barrier_epoch != epoch or opened is None:
+        return list(pods)
+    # Only pods older than the barrier: one created since (a deleted worker replaced while its
+    # restart waits out the backoff) has yet to arrive. Whole seconds on both sides, and a pod
+    # of the barrier's own second is left to its own report.
+    cutoff = opened.replace(microsecond=0)
+    return [
+        dataclasses.replace(pod, arrived_epoch=epoch)
+        if (pod.arrived_epoch is None or pod.arrived_epoch < epoch)
+        and pod.creation_timestamp is not None
+        and pod.creation_timestamp < cutoff
+        else pod
+        for pod in pods
+    ]
+
+
+def worker_epoch(pod: PodView) -> int | None:
+    """The epoch a worker is at: the one it arrived at, else (a fresh pod whose agent has not
+    arrived yet) the one it was created at; None if the pod says neither."""
+    return pod.arrived_epoch if pod.arrived_epoch is not None else pod.created_epoch
+
+
+def at_epoch(pod: PodView, epoch: int) -> bool:
+    """The worker is at `epoch`: its failures are failures of the gang at that epoch. A worker
+    below is expected to restart; one above (against the protocol: a status written back from
+    an old copy) is no one's to restart for, and the barrier timeout recreates it."""
+    return worker_epoch(pod) == epoch

@@ -1,0 +1,242 @@
+"""One planning pass: what it reads (`Observed`, `PlanConfig`), the `Pass` its steps add to, and
+what it yields (`Plan`, with its `PodDelete`s and `EventSpec`s) (docs/design.md section 5.2).
+`controller.policy.plan` exports these types; the policy modules share `Pass`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from api.constants import AVOID_NODES_LIMIT, HISTORY_LIMIT, ConditionType
+from api.v1alpha1 import (
+    Condition,
+    ConditionStatus,
+    GangJob,
+    GangJobStatus,
+    Phase,
+    RestartCounts,
+    RestartMode,
+    RestartRecord,
+    WorkersStatus,
+)
+from controller.policy import podspec
+from controller.policy.classify import Decision
+from controller.policy.conditions import set_condition
+from controller.policy.gang import Gang
+from controller.policy.views import NodeView, PodView
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """Settings of the controller that policy depends on."""
+
+    agent_image: str = "localhost/gangjob-agent:dev"
+    arrival_url: str | None = None
+    """The controller's arrival endpoint as pods reach it (controller.arrivals); None: agents
+    arrive by annotation only."""
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Everything `plan` may look at, read from the caches by reconcile."""
+
+    job: GangJob
+    pods: Sequence[PodView]
+    """Every pod labelled gangjob.io/name=<job> in the job's namespace."""
+    nodes: Mapping[str, NodeView]
+    """Node name -> view, for all nodes of the cluster."""
+    service_exists: bool
+    """The headless Service <job> exists."""
+    now: datetime
+    """Aware UTC."""
+
+
+@dataclass(frozen=True)
+class PodDelete:
+    """Delete one pod, preconditioned on its UID (a same-named successor is never hit)."""
+
+    name: str
+    uid: str
+    grace_seconds: int | None = None
+    """None: the pod's own grace period; 0: force."""
+    mark_failed: bool = False
+    """Set the pod's phase Failed (status patch) before deleting it: the force-delete protocol
+    of docs/design.md section 4.5."""
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    """An Event on the GangJob, emitted once the status write succeeded."""
+
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one reconcile must do."""
+
+    status: GangJobStatus
+    """The complete desired status; reconcile writes it only if != job.status."""
+    create_service: dict[str, Any] | None
+    create_pods: list[dict[str, Any]]
+    """Complete pod manifests (from podspec)."""
+    delete_pods: list[PodDelete]
+    events: list[EventSpec]
+    delete_job: bool = False
+    """ttlSecondsAfterFinished has elapsed."""
+    requeue_after: float | None = None
+    """Seconds until a timer fires (ttl, backoff, barrier timeout, force-delete guard)."""
+    restart_started: RestartRecord | None = None
+    """The restart this pass began (the epoch was raised): for the restart's trace span."""
+    restart_finished: RestartRecord | None = None
+    """The restart whose barrier this pass opened, with its timings."""
+    failures: list[Decision] = field(default_factory=list)
+    """The failures this pass acted on (a restart, a recreated worker, the job failed), each
+    with its class, action and whether it counted: for `gangjob_restarts_total{class,action}`.
+    A failure is acted on in one pass only; ignored failures are never listed."""
+
+
+@dataclass
+class Pass:
+    """One planning pass: the observation, and the plan being gathered."""
+
+    observed: Observed
+    config: PlanConfig
+    gang: Gang
+    # The status being built, starting from the observed one.
+    phase: Phase | None
+    conditions: list[Condition]
+    start_time: datetime | None
+    completion_time: datetime | None
+    epoch: int
+    barrier_epoch: int | None
+    barrier_opened_at: datetime | None
+    restarts: RestartCounts
+    last_restart: RestartRecord | None
+    history: list[RestartRecord]
+    mode: RestartMode | None
+    avoid_nodes: list[str]
+    create_service: dict[str, Any] | None = None
+    create_pods: dict[int, dict[str, Any]] = field(default_factory=dict)
+    delete_pods: dict[str, PodDelete] = field(default_factory=dict)
+    events: list[EventSpec] = field(default_factory=list)
+    delete_job: bool = False
+    requeue_after: float | None = None
+    decisions: list[Decision] = field(default_factory=list)
+    """The failures at `status.epoch` found in this pass, classified."""
+    pending_failure: bool = False
+    """A failure at the epoch waits (backoff): the barrier must not open over it."""
+    acted: list[Decision] = field(default_factory=list)
+    restart_started: RestartRecord | None = None
+    restart_finished: RestartRecord | None = None
+
+    @property
+    def job(self) -> GangJob:
+        return self.observed.job
+
+    @property
+    def now(self) -> datetime:
+        return self.observed.now
+
+    @property
+    def stamp(self) -> datetime:
+        """`now` as status timestamps store it (whole seconds), so that a pass that computes
+        from a timestamp it wrote gets the same result as the next, which reads it back."""
+        return self.observed.now.replace(microsecond=0)
+
+    @property
+    def effective_mode(self) -> RestartMode:
+        return self.mode or self.job.spec.restart.mode
+
+    def node_of(self, pod: PodView) -> NodeView | None:
+        return self.observed.nodes.get(pod.node_name) if pod.node_name else None
+
+    def set_condition(
+        self, type_: ConditionType, status: ConditionStatus, reason: str, message: str
+    ) -> None:
+        self.conditions = set_condition(
+            self.conditions,
+            type_,
+            status,
+            reason,
+            message,
+            self.now,
+            self.job.metadata.generation,
+        )
+
+    def delete(self, pod: PodView, reason: str) -> None:
+        # A pod already terminating was deleted before: asking again changes nothing.
+        if not pod.terminating and pod.name not in self.delete_pods:
+            self.delete_pods[pod.name] = PodDelete(name=pod.name, uid=pod.uid, reason=reason)
+
+    def requeue(self, seconds: float) -> None:
+        if self.requeue_after is None or seconds < self.requeue_after:
+            self.requeue_after = seconds
+
+    def is_finished(self) -> bool:
+        return self.phase in (Phase.SUCCEEDED, Phase.FAILED)
+
+    def staying(self) -> dict[int, PodView]:
+        """The live workers that this plan does not delete."""
+        return {r: pod for r, pod in self.gang.live.items() if pod.name not in self.delete_pods}
+
+    def workers_status(self) -> WorkersStatus:
+        """Counts as they will be once this plan is carried out, so that the next pass, which
+        sees the created pods and the deleted ones terminating, computes the same counts."""
+        live = self.staying()
+        return WorkersStatus(
+            total=len(live) + len(self.create_pods),
+            ready=sum(pod.ready for pod in live.values()),
+            arrived=sum(pod.arrived_epoch == self.epoch for pod in live.values()),
+        )
+
+    def status(self) -> GangJobStatus:
+        return GangJobStatus(
+            phase=self.phase,
+            epoch=self.epoch,
+            barrier_epoch=self.barrier_epoch,
+            barrier_opened_at=self.barrier_opened_at,
+            workers=self.workers_status(),
+            restarts=self.restarts,
+            last_restart=self.last_restart,
+            history=self.history[-HISTORY_LIMIT:],
+            conditions=self.conditions,
+            observed_generation=self.job.metadata.generation,
+            start_time=self.start_time,
+            completion_time=self.completion_time,
+            mode=self.mode,
+            avoid_nodes=self.avoid_nodes[-AVOID_NODES_LIMIT:] or None,
+        )
+
+    def plan(self) -> Plan:
+        return Plan(
+            status=self.status(),
+            create_service=self.create_service,
+            create_pods=[self.create_pods[rank] for rank in sorted(self.create_pods)],
+            delete_pods=list(self.delete_pods.values()),
+            events=self.events,
+            delete_job=self.delete_job,
+            requeue_after=self.requeue_after,
+            restart_started=self.restart_started,
+            restart_finished=self.restart_finished,
+            failures=self.acted,
+        )
+
+
+def worker_text(p: Pass, rank: int | None) -> str:
+    """A worker as messages name it: its rank and pod (None: the whole gang)."""
+    if rank is None:
+        return "the gang"
+    return f"worker {rank} (pod {podspec.pod_name(p.job.metadata.name, rank)})"
+
+
+def job_for_pods(p: Pass, mode: RestartMode) -> GangJob:
+    """The job as podspec must see it to build pods of this pass: at its (maybe new) epoch,
+    which the pods record as their created-epoch, and in the mode in effect."""
+    status = p.job.status.model_copy(update={"epoch": p.epoch, "mode": mode})
+    return p.job.model_copy(update={"status": status})
