@@ -24,15 +24,15 @@ from api.v1alpha1 import (
     RestartTrigger,
     dump_status,
 )
+from controller.policy.lifecycle import finish_pod
 from controller.policy.plan import (
     EventSpec,
     Observed,
     Plan,
     PodDelete,
-    _ranks_text,
-    finish_pod,
     plan,
 )
+from controller.policy.recreate import ranks_text
 from controller.policy.views import NodeView
 from tests.unit.builders import T0, TEMPLATE, make_job, make_node, make_pod, with_status
 from tests.unit.test_plan import carry_out, condition, names, observe
@@ -389,11 +389,11 @@ def test_a_recreate_of_a_large_gang_keeps_the_status_small() -> None:
 
 
 def test_a_message_names_the_first_recreated_ranks_and_counts_the_rest() -> None:
-    assert _ranks_text({3}, 8) == "worker(s) [3]"
-    assert _ranks_text(set(range(2, 20)), 40) == (
+    assert ranks_text({3}, 8) == "worker(s) [3]"
+    assert ranks_text(set(range(2, 20)), 40) == (
         "worker(s) [2, 3, 4, 5, 6, 7, 8, 9, 10, 11] and 8 more"
     )
-    assert _ranks_text(set(range(40)), 40) == "all 40 workers"
+    assert ranks_text(set(range(40)), 40) == "all 40 workers"
 
 
 def test_a_worker_below_the_epoch_that_cannot_restart_in_place_is_recreated_without_a_bump() -> (

@@ -1,0 +1,85 @@
+"""The failure policy over the pass's workers: every failure at `status.epoch` classified, and
+the job failed when a `FailJob` rule or `spec.restart.maxRestarts` says so (`NonRetriableExitCode`,
+`FailurePolicy`, `MaxRestartsExceeded`) (docs/design.md sections 4.1-4.4)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from api.constants import (
+    REASON_FAILED,
+    REASON_FAILURE_POLICY,
+    REASON_MAX_RESTARTS,
+    REASON_NON_RETRIABLE_EXIT,
+    ConditionType,
+)
+from api.v1alpha1 import FailureAction, Phase
+from controller.policy import classify, lifecycle
+from controller.policy.classify import Decision
+from controller.policy.gang import at_epoch
+from controller.policy.passstate import EventSpec, Pass, worker_text
+
+
+def classify_failures(p: Pass) -> bool:
+    """Every worker's failure at `status.epoch`, classified. A worker below the epoch is
+    restarting because of the protocol: its exits and restarts are no failure, so that one
+    failure makes one bump however many workers then report it."""
+    ctx = classify.Context.of(
+        p.job, p.effective_mode, p.epoch, p.barrier_epoch, p.barrier_opened_at
+    )
+    for rank in range(p.job.spec.replicas):
+        pod = p.gang.workers.get(rank)
+        if pod is None:
+            failure = classify.missing(ctx, rank)
+        elif not at_epoch(pod, p.epoch):
+            continue
+        else:
+            if pod.name in p.delete_pods and not pod.terminating:
+                # Deleted by this very pass (its mode changed): judged as the next pass will
+                # see it, terminating, so that replanning the outcome finds nothing new.
+                pod = dataclasses.replace(pod, deletion_timestamp=p.now)
+            failure = classify.detect(ctx, rank, pod, p.node_of(pod))
+        if failure is not None:
+            p.decisions.append(classify.decide(p.job, failure))
+    return False
+
+
+def fail_by_policy(p: Pass) -> bool:
+    """A `FailJob` rule, or a counted restart past `spec.restart.maxRestarts`, fails the job."""
+    fails = [d for d in p.decisions if d.action is FailureAction.FAIL_JOB]
+    first = classify.lowest(fails)
+    if first is not None:
+        reason = REASON_NON_RETRIABLE_EXIT if first.by_exit_code else REASON_FAILURE_POLICY
+        message = (
+            f"{worker_text(p, first.worker)}: {first.failure.detail}; "
+            f"spec.failurePolicy.rules[{first.rule}] fails the job"
+        )
+        p.acted = fails
+        return _fail(p, reason, message)
+    restarting = restarting_decisions(p.decisions)
+    first = classify.lowest(restarting)
+    limit = p.job.spec.restart.max_restarts
+    if first is not None and any(d.counted for d in restarting) and p.restarts.counted >= limit:
+        message = (
+            f"{p.restarts.counted} counted restarts reached spec.restart.maxRestarts ({limit}); "
+            f"last failure: {worker_text(p, first.worker)}: {first.failure.detail}"
+        )
+        p.acted = restarting
+        return _fail(p, REASON_MAX_RESTARTS, message)
+    return False
+
+
+def _fail(p: Pass, reason: str, message: str) -> bool:
+    lifecycle.finish(p, Phase.FAILED, ConditionType.FAILED, reason, message)
+    p.events.append(EventSpec("Warning", REASON_FAILED, message))
+    return lifecycle.finished(p)
+
+
+def restarting_decisions(decisions: Sequence[Decision]) -> list[Decision]:
+    """The decisions that restart the gang (recreating a worker restarts the others too)."""
+    return [
+        d
+        for d in decisions
+        if d.action in (FailureAction.RESTART_GANG, FailureAction.RECREATE_WORKER)
+    ]

@@ -1,0 +1,190 @@
+"""A GangJob's life outside its restarts: stray pods, a job being deleted, suspend and resume,
+creating the Service and workers (or saying why the template cannot make them), the phase and
+`Ready` condition, finishing (`Succeeded`/`Failed`) and the TTL after (docs/design.md sections 3b
+and 5.2)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any, Final
+
+from api.constants import (
+    ANNOTATION_RESTART_MODE,
+    REASON_INVALID_TEMPLATE,
+    REASON_JOB_FINISHED,
+    REASON_RESUMED,
+    REASON_STRAY_POD,
+    REASON_SUSPENDED,
+    REASON_WORKERS_CREATED,
+    REASON_WORKERS_NOT_READY,
+    REASON_WORKERS_READY,
+    ConditionType,
+)
+from api.v1alpha1 import ConditionStatus, Phase, RestartMode
+from controller.policy import podspec
+from controller.policy.conditions import get_condition, is_true
+from controller.policy.gang import POD_RUNNING, POD_TERMINAL
+from controller.policy.passstate import EventSpec, Pass, job_for_pods
+
+HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
+
+
+def delete_strays(p: Pass) -> bool:
+    """Pods of ours that are no worker (scaled away, rank label missing or wrong name) go."""
+    for pod in p.gang.strays:
+        p.delete(pod, REASON_STRAY_POD)
+    return False
+
+
+def stop_if_job_deleted(p: Pass) -> bool:
+    """A job being deleted gets nothing new: garbage collection is removing its pods, and
+    creating more would race it."""
+    return p.job.metadata.deletion_timestamp is not None
+
+
+def finished(p: Pass) -> bool:
+    """A Succeeded or Failed job stays so: it only frees its devices and waits for its TTL."""
+    if not p.is_finished():
+        return False
+    # Running workers hold GPUs for nothing; finished ones are kept for their logs.
+    for pod in p.gang.workers.values():
+        if pod.phase not in POD_TERMINAL:
+            p.delete(pod, REASON_JOB_FINISHED)
+    _ttl(p)
+    return True
+
+
+def _ttl(p: Pass) -> None:
+    ttl = p.job.spec.ttl_seconds_after_finished
+    if ttl is None or p.completion_time is None:
+        return
+    remaining = (p.completion_time + timedelta(seconds=ttl) - p.now).total_seconds()
+    if remaining <= 0:
+        p.delete_job = True
+    else:
+        p.requeue(remaining)
+
+
+def finish(p: Pass, phase: Phase, type_: ConditionType, reason: str, message: str) -> None:
+    """The job ends in `phase` (Succeeded or Failed), said by condition `type_`; it is no
+    longer Ready, nor Restarting."""
+    p.phase = phase
+    p.completion_time = p.stamp
+    p.set_condition(type_, ConditionStatus.TRUE, reason, message)
+    p.set_condition(ConditionType.READY, ConditionStatus.FALSE, REASON_JOB_FINISHED, message)
+    if is_true(p.conditions, ConditionType.RESTARTING):
+        p.set_condition(
+            ConditionType.RESTARTING, ConditionStatus.FALSE, REASON_JOB_FINISHED, message
+        )
+
+
+def suspend(p: Pass) -> bool:
+    """`suspend: true` deletes every pod and holds the job; `false` again resumes it."""
+    was_suspended = is_true(p.conditions, ConditionType.SUSPENDED)
+    if not p.job.spec.suspend:
+        if was_suspended:
+            p.set_condition(
+                ConditionType.SUSPENDED, ConditionStatus.FALSE, REASON_RESUMED, "Job resumed"
+            )
+            p.events.append(EventSpec("Normal", REASON_RESUMED, "Job resumed"))
+        return False
+    for pod in p.gang.workers.values():
+        p.delete(pod, REASON_SUSPENDED)
+    p.phase = Phase.SUSPENDED
+    p.set_condition(
+        ConditionType.SUSPENDED, ConditionStatus.TRUE, REASON_SUSPENDED, "Job suspended"
+    )
+    p.set_condition(ConditionType.READY, ConditionStatus.FALSE, REASON_SUSPENDED, "Job suspended")
+    if not was_suspended:
+        p.events.append(EventSpec("Normal", REASON_SUSPENDED, "Job suspended: deleting workers"))
+    return True
+
+
+def create(p: Pass) -> bool:
+    """The Service if missing, and every missing rank's pod, at the epoch of this pass."""
+    if not p.observed.service_exists:
+        p.create_service = podspec.build_service(p.job)
+    name = p.job.metadata.name
+    job = job_for_pods(p, p.effective_mode)
+    # A pod of this name still terminating counts as present: a second pod of the same name
+    # cannot be created, and the new one waits for the old to be gone. A force-delete (grace
+    # 0, no finalizers of ours) frees the name at once, and reconcile deletes before it creates.
+    forced = {d.name for d in p.delete_pods.values() if d.grace_seconds == 0}
+    taken = p.gang.names - forced
+    for rank in range(p.job.spec.replicas):
+        if podspec.pod_name(name, rank) in taken:
+            continue
+        try:
+            pod = podspec.build_pod(job, rank, p.config.agent_image, p.config.arrival_url)
+        except ValueError as e:
+            return _invalid_template(p, e)
+        p.create_pods[rank] = finish_pod(pod, p.effective_mode, p.avoid_nodes)
+    if p.create_pods:
+        count = len(p.create_pods)
+        p.events.append(
+            EventSpec("Normal", REASON_WORKERS_CREATED, f"Created {count} worker pod(s)")
+        )
+    if p.start_time is None and (p.create_pods or p.gang.workers):
+        p.start_time = p.stamp
+    return False
+
+
+def _invalid_template(p: Pass, error: ValueError) -> bool:
+    """podspec cannot build a worker from the template: say why, once, and create nothing
+    until the spec changes."""
+    reason = getattr(error, "reason", REASON_INVALID_TEMPLATE)
+    if not isinstance(reason, str) or not reason.isalnum():
+        reason = REASON_INVALID_TEMPLATE
+    message = f"Cannot build worker pods: {error}"
+    p.create_pods.clear()
+    ready = get_condition(p.conditions, ConditionType.READY)
+    if ready is None or (ready.reason, ready.message) != (reason, message):
+        p.events.append(EventSpec("Warning", reason, message))
+    p.set_condition(ConditionType.READY, ConditionStatus.FALSE, reason, message)
+    return True
+
+
+def finish_pod(
+    pod: dict[str, Any], mode: RestartMode, avoid_nodes: Sequence[str]
+) -> dict[str, Any]:
+    """What plan adds to podspec's worker pod: the mode it is built for (the mode fallback
+    reads it back), and a required node affinity that keeps it off `avoid_nodes`."""
+    metadata = pod.setdefault("metadata", {})
+    metadata.setdefault("annotations", {})[ANNOTATION_RESTART_MODE] = mode.value
+    if avoid_nodes:
+        avoid = {"key": HOSTNAME_LABEL, "operator": "NotIn", "values": list(avoid_nodes)}
+        affinity = pod.setdefault("spec", {}).setdefault("affinity", {})
+        node_affinity = affinity.setdefault("nodeAffinity", {})
+        required = node_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+        # Node selector terms are ORed: the exclusion must be part of every one of them.
+        terms = required.get("nodeSelectorTerms") or [{}]
+        required["nodeSelectorTerms"] = [
+            {**term, "matchExpressions": [*(term.get("matchExpressions") or []), avoid]}
+            for term in terms
+        ]
+    return pod
+
+
+def running(p: Pass) -> bool:
+    """Restarting until the barrier of a restart opens; then Pending until every worker is
+    Running and Ready, then Running."""
+    replicas = p.job.spec.replicas
+    # Counted as they will be once this plan is carried out, as `workers_status` does.
+    live = p.staying()
+    ready = sum(pod.phase == POD_RUNNING and pod.ready for pod in live.values())
+    message = f"{ready}/{replicas} workers ready"
+    restarting = p.last_restart is not None and p.last_restart.epoch == p.epoch
+    if restarting and p.barrier_epoch != p.epoch:
+        p.phase = Phase.RESTARTING
+    elif ready == replicas:
+        p.phase = Phase.RUNNING
+    else:
+        p.phase = Phase.PENDING
+    if ready == replicas:
+        p.set_condition(ConditionType.READY, ConditionStatus.TRUE, REASON_WORKERS_READY, message)
+    else:
+        p.set_condition(
+            ConditionType.READY, ConditionStatus.FALSE, REASON_WORKERS_NOT_READY, message
+        )
+    return True

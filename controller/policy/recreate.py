@@ -1,0 +1,176 @@
+"""Workers created anew instead of restarted in place: which ones a restart recreates, their old
+pods deleted (force-deleted behind the guards on a lost node), laggards past the barrier timeout,
+and the nodes of unhealthy devices kept out (`avoidNodes`) (docs/design.md sections 3.8, 4.5
+and 4.6)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, Final
+
+from api.constants import REASON_FORCE_DELETED, REASON_WORKER_RECREATED
+from api.v1alpha1 import FailureAction, RestartMode, RestartRecord
+from controller.policy import classify
+from controller.policy.classify import Decision, FailureClass
+from controller.policy.gang import POD_TERMINAL, at_epoch
+from controller.policy.passstate import EventSpec, Pass, PodDelete, worker_text
+from controller.policy.views import PodView
+
+RANKS_SHOWN: Final = 10
+"""Ranks a message lists before it says how many more: messages are read by people."""
+
+
+def force_delete_lost(p: Pass) -> bool:
+    """A pod of ours stuck terminating on a lost node is force-deleted once the guards of
+    docs/design.md section 4.5 all hold: no kubelet will ever confirm its end, and the name it
+    holds keeps its worker from being created again. A zombie that is in fact alive is fenced by
+    the epoch: an old-epoch worker never passes the barrier."""
+    if not p.job.spec.node_loss.force_delete:
+        return False
+    after = timedelta(seconds=p.job.spec.node_loss.force_delete_after_seconds)
+    for pod in (*p.gang.workers.values(), *p.gang.strays):
+        if pod.deletion_timestamp is None or pod.node_name is None:
+            continue
+        if not classify.may_force_delete_on(p.node_of(pod)):
+            continue
+        due = pod.deletion_timestamp + after
+        if p.now >= due:
+            p.delete_pods[pod.name] = PodDelete(
+                name=pod.name,
+                uid=pod.uid,
+                grace_seconds=0,
+                mark_failed=True,
+                reason=REASON_FORCE_DELETED,
+            )
+        else:
+            p.requeue((due - p.now).total_seconds())
+    return False
+
+
+def to_recreate(p: Pass, restarting: list[Decision]) -> set[int]:
+    """Ranks created anew by a restart: all in `Recreate` mode; else those the policy recreates,
+    those whose pod is gone, and those that cannot restart in place."""
+    replicas = p.job.spec.replicas
+    if p.effective_mode is RestartMode.RECREATE:
+        return set(range(replicas))
+    ranks = {
+        d.worker
+        for d in restarting
+        if d.action is FailureAction.RECREATE_WORKER or not d.failure.in_place
+    }
+    ranks.update(rank for rank in range(replicas) if rank not in p.gang.workers)
+    ranks.update(rank for rank, pod in p.gang.live.items() if _stuck(p, pod) is not None)
+    return ranks
+
+
+def avoid_unhealthy_devices(p: Pass, restarting: list[Decision], recreated: set[int]) -> None:
+    """The node of a recreated worker's unhealthy device joins `avoidNodes`: no pod created from
+    now on lands there again."""
+    for d in restarting:
+        node = d.failure.node_name
+        device = d.failure_class is FailureClass.DEVICE_UNHEALTHY and d.worker in recreated
+        if device and node and node not in p.avoid_nodes:
+            p.avoid_nodes.append(node)
+
+
+def _stuck(p: Pass, pod: PodView) -> tuple[FailureClass, str] | None:
+    """Why a live worker cannot restart in place (its pod finished, its node is lost, or in
+    `Process` mode its trainer's container, the agent, is dead), or None."""
+    if pod.phase in POD_TERMINAL:
+        return FailureClass.POD_FAILED, f"pod is {pod.phase}"
+    if pod.node_name is not None:
+        lost = classify.node_lost(pod.node_name, p.node_of(pod))
+        if lost is not None:
+            return FailureClass.NODE_LOST, lost
+    trainer = pod.container(p.job.spec.trainer_container_name)
+    if p.effective_mode is RestartMode.PROCESS and trainer and trainer.state == "terminated":
+        return FailureClass.PROCESS_EXIT, f"container {trainer.name} (the agent) terminated"
+    return None
+
+
+def delete_recreated(p: Pass) -> bool:
+    """The old pods of the workers the current restart recreates are deleted until they are
+    gone: a pass after a lost delete asks again, from the status alone."""
+    last = p.last_restart
+    if last is None or last.epoch != p.epoch:
+        return False
+    for rank in last.recreated_ranks(p.job.spec.replicas):
+        pod = p.gang.live.get(rank)
+        # The pod created for the restart is at its epoch; any older one is to go.
+        if pod is not None and (pod.created_epoch is None or pod.created_epoch < p.epoch):
+            p.delete(pod, REASON_WORKER_RECREATED)
+    return False
+
+
+def recreate_laggards(p: Pass) -> bool:
+    """Workers the barrier waits for in vain are recreated at the epoch, without a bump (nobody
+    runs at it yet): those below it that cannot restart in place, and those not arrived
+    `spec.restart.barrierTimeoutSeconds` after the restart began (or their pod was created)."""
+    if p.barrier_epoch == p.epoch:
+        return False
+    last = p.last_restart if p.last_restart and p.last_restart.epoch == p.epoch else None
+    timeout = p.job.spec.restart.barrier_timeout_seconds
+    for rank, pod in sorted(p.staying().items()):
+        if pod.arrived_epoch == p.epoch:
+            continue
+        failure: classify.Failure | None = None
+        stuck = None if at_epoch(pod, p.epoch) else _stuck(p, pod)
+        if stuck is not None:
+            cls, detail = stuck
+            failure = classify.Failure(rank, cls, detail, node_name=pod.node_name, in_place=False)
+        elif last is not None:
+            since = max(last.detected_at, pod.creation_timestamp or last.detected_at)
+            waited = (p.now - since).total_seconds()
+            if waited >= timeout:
+                failure = classify.barrier_timeout(rank, waited)
+            else:
+                p.requeue(timeout - waited)
+        if failure is not None:
+            _recreate_worker(p, pod, failure, last)
+    return False
+
+
+def _recreate_worker(
+    p: Pass, pod: PodView, failure: classify.Failure, last: RestartRecord | None
+) -> None:
+    p.delete(pod, REASON_WORKER_RECREATED)
+    rank = failure.worker
+    # Recorded once per rank and restart: a pass over the same pods (a delete not yet seen)
+    # must neither count nor announce it again.
+    if last is None or last.recreated_all or rank in last.recreated:
+        return
+    p.last_restart = last.model_copy(
+        update=recreated_fields({*last.recreated, rank}, p.job.spec.replicas)
+    )
+    r = p.restarts
+    p.restarts = r.model_copy(update={"recreated_workers": r.recreated_workers + 1})
+    p.acted.append(Decision(failure, FailureAction.RECREATE_WORKER, counted=False))
+    p.events.append(
+        EventSpec(
+            "Warning",
+            REASON_WORKER_RECREATED,
+            f"Recreating {worker_text(p, rank)} at epoch {p.epoch}: "
+            f"{failure.failure_class}: {failure.detail}",
+        )
+    )
+
+
+def recreated_fields(ranks: set[int], replicas: int) -> dict[str, Any]:
+    """A restart record's `recreated`/`recreatedAll`: every agent watches the GangJob, so a
+    gang of 5000 all recreated is one flag, not 5000 ranks in every write they all receive."""
+    if _every_rank(ranks, replicas):
+        return {"recreated": [], "recreated_all": True}
+    return {"recreated": sorted(ranks), "recreated_all": None}
+
+
+def _every_rank(ranks: set[int], replicas: int) -> bool:
+    return ranks >= set(range(replicas))
+
+
+def ranks_text(ranks: set[int], replicas: int) -> str:
+    """Recreated ranks as a message names them: all, or the first `RANKS_SHOWN` and a count."""
+    if _every_rank(ranks, replicas):
+        return f"all {replicas} workers"
+    shown = sorted(ranks)[:RANKS_SHOWN]
+    more = len(ranks) - len(shown)
+    return f"worker(s) {shown}" + (f" and {more} more" if more else "")
