@@ -45,6 +45,7 @@ from controller.k8s.store import (
     gangjob_index,
     node_index,
 )
+from controller.k8s.transforms import strip_managed_fields, trim_node, trim_pod
 from controller.policy.plan import PlanConfig
 from controller.reconcile import Caches, Outcome, Reconciler
 from controller.runtime import metrics
@@ -112,7 +113,11 @@ class Manager:
         self.settings = settings
         ns = settings.namespace
         self.queue: WorkQueue[str] = WorkQueue(CONTROLLER_NAME)
-        self.jobs = Store(kube, GANGJOBS, namespace=ns, handlers=[self._on_job])
+        # The caches keep only what the controller reads (controller.k8s.transforms): a full
+        # worker pod is ~60 KB of Python objects, trimmed ~10 KB.
+        self.jobs = Store(
+            kube, GANGJOBS, namespace=ns, handlers=[self._on_job], transform=strip_managed_fields
+        )
         self.pods = Store(
             kube,
             PODS,
@@ -120,9 +125,12 @@ class Manager:
             label_selector=LABEL_NAME,  # only pods of some gang
             indexers={BY_GANGJOB: gangjob_index, BY_NODE: node_index},
             handlers=[self._on_pod],
+            transform=trim_pod,
         )
-        self.nodes = Store(kube, NODES, handlers=[self._on_node])
-        self.services = Store(kube, SERVICES, namespace=ns, label_selector=LABEL_NAME)
+        self.nodes = Store(kube, NODES, handlers=[self._on_node], transform=trim_node)
+        self.services = Store(
+            kube, SERVICES, namespace=ns, label_selector=LABEL_NAME, transform=strip_managed_fields
+        )
         self.arrivals = ArrivalBook()
         self.reconciler = Reconciler(
             kube,

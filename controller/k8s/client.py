@@ -15,6 +15,7 @@ from typing import Any, Self
 from kubernetes_asyncio.client import ApiClient
 
 from controller.k8s.kinds import JsonDict, ResourceKind
+from controller.k8s.transforms import Transform
 from controller.k8s.transport import (
     RetryPolicy,
     Transport,
@@ -113,8 +114,10 @@ class Kube:
         field_selector: str | None = None,
         page_size: int = 500,
         request_timeout: float | None = None,
+        transform: Transform | None = None,
     ) -> ObjectList:
-        """Every object (paged), and the list's resourceVersion. `Gone` if a page expired."""
+        """Every object (paged), each through `transform` as its page arrives, and the list's
+        resourceVersion. `Gone` if a page expired."""
         return await list_objects(
             self.transport,
             kind,
@@ -123,6 +126,7 @@ class Kube:
             field_selector=field_selector,
             page_size=page_size,
             request_timeout=request_timeout,
+            transform=transform,
         )
 
     def watch(

@@ -1,8 +1,10 @@
 """The informer: a cache of one kind of object, kept current by list-then-watch, with indexes.
 
 List once, watch from the list's resourceVersion (bookmarks keep it fresh), list again on
-`410 Gone` or when the stream keeps breaking, with backoff. Each change is passed to the
-registered handlers, which map it to work-queue keys; the cache itself is read by reconcilers.
+`410 Gone` or when the stream keeps breaking, with backoff. Each object is passed through the
+store's transform (`controller.k8s.transforms`: only what the controller reads is kept), then
+cached and handed to the registered handlers, which map it to work-queue keys; the cache itself
+is read by reconcilers.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any, Protocol
 from api.constants import LABEL_NAME
 from controller.k8s.errors import ApiError, Gone
 from controller.k8s.kinds import JsonDict, ResourceKind
+from controller.k8s.transforms import Transform
 from controller.k8s.watch import ObjectList, WatchEvent
 from controller.runtime.clock import MONOTONIC, Clock
 
@@ -75,7 +78,10 @@ class ListWatcher(Protocol):
         *,
         label_selector: str | None = None,
         field_selector: str | None = None,
-    ) -> ObjectList: ...
+        transform: Transform | None = None,
+    ) -> ObjectList:
+        """Every object, each through `transform` (when given) before the next page is read."""
+        ...
 
     def watch(
         self,
@@ -108,7 +114,11 @@ class EventHandler(Protocol):
 
 
 class Store:
-    """A reflector and its cache for one kind (optionally one namespace and selector)."""
+    """A reflector and its cache for one kind (optionally one namespace and selector).
+
+    `transform` is applied to every object listed or watched before it is cached or handed to
+    the handlers (e.g. `trim_pod`); it must keep `metadata` (name, namespace, resourceVersion)
+    and whatever the indexers read."""
 
     def __init__(
         self,
@@ -120,6 +130,7 @@ class Store:
         field_selector: str | None = None,
         indexers: Mapping[str, IndexFunc] | None = None,
         handlers: Sequence[EventHandler] = (),
+        transform: Transform | None = None,
         clock: Clock = MONOTONIC,
         initial_backoff: float = 0.8,
         max_backoff: float = 30.0,
@@ -131,6 +142,7 @@ class Store:
         self._field_selector = field_selector
         self._indexers: dict[str, IndexFunc] = dict(indexers or {})
         self._handlers: list[EventHandler] = list(handlers)
+        self._transform = transform
         self._clock = clock
         self._initial_backoff = initial_backoff
         self._max_backoff = max_backoff
@@ -215,9 +227,10 @@ class Store:
             self._namespace,
             label_selector=self._label_selector,
             field_selector=self._field_selector,
+            transform=self._transform,
         )
         self.relists += 1
-        self.replace(listed.items, listed.resource_version)
+        self._replace(listed.items, listed.resource_version)
         events = self._client.watch(
             self.kind,
             self._namespace,
@@ -233,6 +246,12 @@ class Store:
 
     def replace(self, items: Iterable[JsonDict], resource_version: str) -> None:
         """Make the cache exactly `items` (a fresh list), emitting the differences."""
+        if self._transform is not None:
+            items = map(self._transform, items)
+        self._replace(items, resource_version)
+
+    def _replace(self, items: Iterable[JsonDict], resource_version: str) -> None:
+        """`replace` with `items` transformed already."""
         fresh = {object_key(obj): obj for obj in items}
         for key in [k for k in self._items if k not in fresh]:
             gone = self._items[key]
@@ -257,6 +276,8 @@ class Store:
             self.resource_version = rv
         if etype == "BOOKMARK":
             return
+        if self._transform is not None:
+            obj = self._transform(obj)
         key = object_key(obj)
         if etype == "DELETED":
             old = self._remove(key)

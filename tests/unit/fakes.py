@@ -6,7 +6,7 @@ import asyncio
 import copy
 import heapq
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from controller.k8s import (
     AlreadyExists,
@@ -160,10 +160,13 @@ class ScriptedListWatcher:
         *,
         label_selector: str | None = None,
         field_selector: str | None = None,
+        transform: Callable[[JsonDict], JsonDict] | None = None,
     ) -> ObjectList:
         item = self.lists.pop(0)
         if isinstance(item, Exception):
             raise item
+        if transform is not None:
+            return ObjectList([transform(obj) for obj in item.items], item.resource_version)
         return item
 
     async def watch(

@@ -189,6 +189,9 @@ async def test_list_follows_continue_tokens() -> None:
     assert listed.resource_version == "42"
     assert seen[0].query["labelSelector"] == "gangjob.io/name=j"
     assert seen[0].query["limit"] == "1"
+    async with fake_apiserver(handler) as (kube, seen):
+        listed = await kube.list(PODS, "ns", page_size=1, transform=lambda o: {"n": -o["n"]})
+    assert listed.items == [{"n": -1}, {"n": -2}]
 
 
 async def collect(stream: AsyncGenerator[WatchEvent, None], into: list[WatchEvent]) -> None:

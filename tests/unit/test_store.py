@@ -7,7 +7,7 @@ import contextlib
 
 import pytest
 
-from controller.k8s import PODS, Gone, ObjectList, TransportError, WatchEvent
+from controller.k8s import PODS, Gone, JsonDict, ObjectList, TransportError, WatchEvent
 from controller.k8s.store import (
     BY_GANGJOB,
     BY_NODE,
@@ -156,3 +156,60 @@ def test_gangjob_index_ignores_pods_outside_a_gang(missing: str) -> None:
     else:
         del p["metadata"]["namespace"]
     assert gangjob_index(p) == []
+
+
+def test_the_transform_is_applied_to_everything_cached_and_handed_on() -> None:
+    seen: list[StoreEvent] = []
+
+    def keep_name_only(obj: JsonDict) -> JsonDict:
+        meta = obj["metadata"]
+        trimmed = {k: meta[k] for k in ("name", "namespace", "resourceVersion", "labels")}
+        return {"metadata": trimmed, "spec": obj.get("spec", {})}
+
+    store = Store(
+        ScriptedListWatcher(),
+        PODS,
+        indexers={BY_GANGJOB: gangjob_index, BY_NODE: node_index},
+        handlers=[seen.append],
+        transform=keep_name_only,
+        clock=JumpClock(),
+    )
+
+    def fat(name: str, rv: str, node: str | None = None) -> JsonDict:
+        obj = pod(name, rv, job="j", node=node)
+        obj["metadata"]["managedFields"] = [{"manager": "kubelet"}]
+        obj["status"] = {"phase": "Running"}
+        return obj
+
+    store.replace([fat("a", "1", node="n1")], "1")
+    store.apply(WatchEvent("ADDED", fat("b", "2")))
+    store.apply(WatchEvent("MODIFIED", fat("a", "3", node="n2")))
+    store.apply(WatchEvent("DELETED", fat("b", "4")))
+    store.apply(WatchEvent("BOOKMARK", {"metadata": {"resourceVersion": "5"}}))
+    assert store.list() == [keep_name_only(fat("a", "3", node="n2"))]
+    assert store.index_keys(BY_NODE, "n2") == {"ns/a"}
+    assert store.resource_version == "5"
+    handed = [e.obj for e in seen] + [e.old for e in seen if e.old is not None]
+    assert handed
+    assert all("status" not in o and "managedFields" not in o["metadata"] for o in handed)
+
+
+async def test_a_running_store_transforms_what_it_lists_and_watches() -> None:
+    lw = ScriptedListWatcher()
+    lw.lists = [ObjectList([pod("a", "1", job="j")], "10")]
+    lw.streams = [[WatchEvent("ADDED", pod("b", "11", job="j"))]]
+
+    def no_spec(obj: JsonDict) -> JsonDict:
+        return {"metadata": obj["metadata"]}
+
+    rec = Recorder()
+    store = Store(lw, PODS, handlers=[rec], transform=no_spec, clock=JumpClock())
+    task = asyncio.create_task(store.run())
+    try:
+        await wait_for_events(rec, 2)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert sorted(store.keys()) == ["ns/a", "ns/b"]
+    assert all("spec" not in obj for obj in store.list())
