@@ -1,0 +1,210 @@
+"""Unit tests of `controller.policy.recreate` through `plan` (docs/design.md sections 3.8, 4.5
+and 4.6): workers recreated for a lost node or device (and that node avoided), `Recreate`
+mode, laggards past the barrier timeout, and the force-delete guards. Every scenario is also
+replanned over its own outcome: nothing repeats."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from api.constants import ConditionType
+from api.v1alpha1 import (
+    FailureAction,
+    RestartCounts,
+    RestartMode,
+    dump_status,
+)
+from controller.policy.plan import Observed, PodDelete, plan
+from controller.policy.recreate import ranks_text
+from tests.unit.builders import T0, make_node
+from tests.unit.gangs import (
+    GANG_NOW,
+    carry_out,
+    condition,
+    crashed,
+    gang,
+    record,
+    replan,
+    restarting_status,
+    running_status,
+    worker,
+)
+
+# --- recreating workers ---------------------------------------------------------------------
+
+
+def test_a_lost_node_recreates_its_worker_and_restarts_the_others_in_place() -> None:
+    pods = [worker(0, 0), worker(1, 0, node="node-1"), worker(2, 0)]
+    nodes = [
+        make_node(),
+        make_node("node-1", ready="Unknown", taints=("node.kubernetes.io/unreachable",)),
+    ]
+    observed = gang(pods=pods, nodes=nodes)
+    result = plan(observed)
+    assert result.status.epoch == 1
+    assert record(result).trigger.failure_class == "NodeLost"
+    assert record(result).counted is None  # infrastructure: not against the budget
+    assert result.status.restarts == RestartCounts(total=1, recreated_workers=1)
+    assert result.delete_pods == [PodDelete(name="llama-1", uid="uid-1", reason="WorkerRecreated")]
+    replan(observed, result)
+
+
+def test_an_unhealthy_device_recreates_its_worker_off_that_node() -> None:
+    pods = [worker(0, 0), worker(1, 0, node="gpu-7")]
+    pods[1]["status"]["containerStatuses"][0]["allocatedResourcesStatus"] = [
+        {"name": "nvidia.com/gpu", "resources": [{"resourceID": "g", "health": "Unhealthy"}]}
+    ]
+    observed = gang(replicas=2, pods=pods, nodes=[make_node(), make_node("gpu-7")])
+    result = plan(observed)
+    assert result.status.avoid_nodes == ["gpu-7"]
+    assert record(result).recreated == [1]
+    # Once the old pod is gone, the new one is created at the new epoch, off gpu-7.
+    after = carry_out(observed, result)
+    after = Observed(
+        job=after.job,
+        pods=[p for p in after.pods if p.name != "llama-1"],
+        nodes=after.nodes,
+        service_exists=True,
+        now=after.now,
+    )
+    created = plan(after).create_pods
+    assert [p["metadata"]["name"] for p in created] == ["llama-1"]
+    terms = created[0]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert terms == [
+        {
+            "matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["gpu-7"]}
+            ]
+        }
+    ]
+    assert created[0]["metadata"]["annotations"]["gangjob.io/created-epoch"] == "1"
+
+
+def test_recreate_mode_recreates_every_worker() -> None:
+    pods = [worker(0, 0), crashed(worker(1, 0)), worker(2, 0)]
+    status = running_status().model_copy(update={"mode": RestartMode.RECREATE})
+    observed = gang(pods=pods, status=status, restart={"mode": "Recreate"})
+    result = plan(observed)
+    assert record(result).recreated_all
+    assert record(result).recreated_ranks(3) == [0, 1, 2]
+    assert [d.name for d in result.delete_pods] == ["llama-0", "llama-1", "llama-2"]
+    assert result.status.restarts == RestartCounts(total=1, counted=1, recreated_workers=3)
+    replan(observed, result)
+
+
+def test_a_recreate_of_a_large_gang_keeps_the_status_small() -> None:
+    # Every agent watches the GangJob and receives the whole object on every write: 5000 ranks
+    # listed in the record and in the condition made it ~58 KB, decoded 5000 times per write.
+    n = 5000
+    pods = [worker(r, 0) for r in range(n)]
+    crashed(pods[7])
+    status = running_status().model_copy(update={"mode": RestartMode.RECREATE})
+    observed = gang(n, pods=pods, status=status, restart={"mode": "Recreate"})
+    result = plan(observed)
+
+    assert len(result.delete_pods) == n
+    assert record(result).recreated_ranks(n) == list(range(n))
+    restarting = condition(result, ConditionType.RESTARTING)
+    assert restarting is not None
+    assert "recreating all 5000 workers" in restarting[2]
+    assert len(json.dumps(dump_status(result.status))) < 2048
+    # A delete not yet seen is asked again, from the status alone.
+    assert len(plan(carry_out(observed, result, deletions=False)).delete_pods) == n
+
+
+def test_a_message_names_the_first_recreated_ranks_and_counts_the_rest() -> None:
+    assert ranks_text({3}, 8) == "worker(s) [3]"
+    assert ranks_text(set(range(2, 20)), 40) == (
+        "worker(s) [2, 3, 4, 5, 6, 7, 8, 9, 10, 11] and 8 more"
+    )
+    assert ranks_text(set(range(40)), 40) == "all 40 workers"
+
+
+# --- laggards -------------------------------------------------------------------------------
+
+
+def test_a_worker_below_the_epoch_that_cannot_restart_in_place_is_recreated_without_a_bump() -> (
+    None
+):
+    pods = [worker(0, 1), worker(1, 1), worker(2, 0, node="node-1")]
+    nodes = [make_node(), make_node("node-1", ready="False")]
+    observed = gang(status=restarting_status(), pods=pods, nodes=nodes)
+    result = plan(observed)
+    assert result.status.epoch == 1
+    assert record(result).recreated == [2]
+    assert result.status.restarts.recreated_workers == 1
+    assert [d.name for d in result.delete_pods] == ["llama-2"]
+    assert result.events[0].reason == "WorkerRecreated"
+    replan(observed, result)
+
+
+def test_barrier_timeout_recreates_the_laggard_without_a_bump() -> None:
+    status = restarting_status(detected=GANG_NOW - timedelta(seconds=100))
+    pods = [worker(0, 1), worker(1, 1), worker(2, 0)]
+    waiting = plan(gang(status=status, pods=pods, restart={"barrierTimeoutSeconds": 130}))
+    assert waiting.delete_pods == []
+    assert waiting.requeue_after == 30
+    observed = gang(status=status, pods=pods, restart={"barrierTimeoutSeconds": 100})
+    result = plan(observed)
+    assert result.status.epoch == 1
+    assert [d.name for d in result.delete_pods] == ["llama-2"]
+    assert [(d.worker, d.failure_class, d.action, d.counted) for d in result.failures] == [
+        (2, "BarrierTimeout", FailureAction.RECREATE_WORKER, False)
+    ]
+    replan(observed, result)
+
+
+# --- force delete ---------------------------------------------------------------------------
+
+
+UNREACHABLE = make_node("node-1", ready="Unknown", taints=("node.kubernetes.io/unreachable",))
+
+
+@pytest.mark.parametrize(
+    ("node", "age", "spec", "forced", "requeue"),
+    [
+        (UNREACHABLE, 60, {}, True, None),
+        (UNREACHABLE, 59, {}, False, 1),
+        (None, 60, {}, True, None),  # node gone
+        (
+            make_node("node-1", ready="False", taints=("node.kubernetes.io/out-of-service",)),
+            60,
+            {},
+            True,
+            None,
+        ),
+        (make_node("node-1", ready="False"), 600, {}, False, None),
+        (make_node("node-1"), 600, {}, False, None),
+        (UNREACHABLE, 600, {"nodeLoss": {"forceDelete": False}}, False, None),
+        (UNREACHABLE, 10, {"nodeLoss": {"forceDeleteAfterSeconds": 10}}, True, None),
+    ],
+)
+def test_force_delete_guards(
+    node: dict[str, Any] | None, age: int, spec: dict[str, Any], forced: bool, requeue: float | None
+) -> None:
+    status = restarting_status()
+    doomed = worker(1, 0, node="node-1", terminating=True)
+    now = T0 + timedelta(seconds=age)  # the pod's deletionTimestamp is T0
+    nodes = [make_node()] + ([node] if node is not None else [])
+    observed = gang(
+        replicas=2, status=status, pods=[worker(0, 1), doomed], nodes=nodes, now=now, **spec
+    )
+    result = plan(observed)
+    force = PodDelete(
+        name="llama-1", uid="uid-1", grace_seconds=0, mark_failed=True, reason="ForceDeleted"
+    )
+    assert result.delete_pods == ([force] if forced else [])
+    if requeue is not None:
+        assert result.requeue_after == requeue
+
+
+def test_a_worker_on_a_lost_node_is_deleted_normally_first() -> None:
+    pods = [worker(0, 0), worker(1, 0, node="node-1")]
+    result = plan(gang(replicas=2, pods=pods, nodes=[make_node(), UNREACHABLE]))
+    assert result.delete_pods == [PodDelete(name="llama-1", uid="uid-1", reason="WorkerRecreated")]
