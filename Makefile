@@ -24,10 +24,11 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP) ## create .venv with the project (editable) and its dev deps
 
-lint: setup ## ruff + mypy --strict + the committed CRD matches the API models
+lint: setup ## ruff + mypy --strict + the layering contracts + the CRD matches the API models
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	$(BIN)/python -m api.crd --check
 
 manifests: setup ## generate the CRD (manifests/crd) from the pydantic models in api/
@@ -36,16 +37,36 @@ manifests: setup ## generate the CRD (manifests/crd) from the pydantic models in
 # The pinned kubectl from the cache (built on first use); KUBECONFIG says which cluster.
 KUBECTL = $(BIN)/localcluster kubectl --
 
-install: setup ## apply the CRD to the cluster of $$KUBECONFIG
+# What a controller run from this checkout (`make run`) needs in the cluster: the CRD, the
+# ClusterRole its agents are bound to in each namespace that runs a GangJob, and the admission
+# policy that narrows their pod patches. (`kubectl apply -k manifests/default` deploys all of
+# it with the controller itself.)
+install: setup ## the CRD, the agents' ClusterRole and the admission policy into $KUBECONFIG's cluster
 	$(KUBECTL) apply --server-side --force-conflicts -k manifests/crd
+	$(KUBECTL) apply --server-side --force-conflicts -f manifests/rbac/worker_role.yaml
+	$(KUBECTL) apply --server-side --force-conflicts -k manifests/policy
 	$(KUBECTL) wait --for condition=Established crd/gangjobs.gangjob.io --timeout=60s
 
-uninstall: setup ## delete the CRD (and with it every GangJob) from the cluster of $$KUBECONFIG
-	$(KUBECTL) delete -k manifests/crd --ignore-not-found
+uninstall: setup ## remove what `install` applied (with the CRD, every GangJob)
+	$(KUBECTL) delete --ignore-not-found -k manifests/policy
+	$(KUBECTL) delete --ignore-not-found -f manifests/rbac/worker_role.yaml
+	$(KUBECTL) delete --ignore-not-found -k manifests/crd
 
-run: setup ## run the controller against the cluster of $$KUBECONFIG (from this checkout)
-	$(BIN)/gangjob-controller --log-format text --metrics-bind-address 127.0.0.1:8080 \
-		--health-probe-bind-address 127.0.0.1:8081
+# `make run` runs the controller on this host. Its agents report arrivals to it at
+# ARRIVAL_ADDRESS (host:port), which must be an address of this host that the pods reach: for a
+# local `node` cluster, the host address `localcluster status` shows (e.g. 10.81.0.1:8082).
+# Left empty, agents arrive by annotating their pod instead (it works, at a higher API cost).
+# AGENT_IMAGE: the agent image the pods can get (`Dockerfile.agent`, pushed to your registry).
+ARRIVAL_ADDRESS ?=
+AGENT_IMAGE ?= localhost/gangjob-agent:dev
+METRICS_ADDRESS ?= 127.0.0.1:8080
+HEALTH_ADDRESS ?= 127.0.0.1:8081
+
+run: setup ## the controller from this checkout against $KUBECONFIG's cluster (ARRIVAL_ADDRESS=)
+	$(BIN)/gangjob-controller --log-format text --agent-image $(AGENT_IMAGE) \
+		--metrics-bind-address $(METRICS_ADDRESS) --health-probe-bind-address $(HEALTH_ADDRESS) \
+		$(if $(ARRIVAL_ADDRESS),--arrival-bind-address $(ARRIVAL_ADDRESS) \
+		--arrival-url http://$(ARRIVAL_ADDRESS))
 
 demo: setup ## a PyTorch DDP gang survives a killed worker on a local real kubelet (root)
 	$(BIN)/python -m localcluster.demo

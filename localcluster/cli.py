@@ -1,4 +1,4 @@
-"""The `localcluster` command: build, up, down, status."""
+"""The `localcluster` command: build, up, down, kubectl, trainer-image, status."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import sys
 
 from localcluster import build as buildmod
 from localcluster import jobset
+from localcluster import node as nodemod
 from localcluster.cluster import Cluster, Options, known_clusters
 from localcluster.handle import ClusterError
 from localcluster.versions import all_binaries, binary, cache_root
@@ -65,6 +66,13 @@ def parser() -> argparse.ArgumentParser:
     k.add_argument("--name", help="use this local cluster's admin kubeconfig")
     k.add_argument("args", nargs=argparse.REMAINDER, help="kubectl's own arguments, after --")
 
+    t = sub.add_parser(
+        "trainer-image",
+        help="build the PyTorch trainer image of manifests/samples (once, cached) and import it "
+        "into a node-profile cluster",
+    )
+    t.add_argument("--name", default="node", help="the node-profile cluster (default: node)")
+
     s = sub.add_parser("status", help="say what runs")
     s.add_argument("--json", action="store_true")
     return p
@@ -112,6 +120,12 @@ def main(argv: list[str] | None = None) -> int:
                 env["KUBECONFIG"] = str(Cluster(args.name).kubeconfig)
             rest = args.args[1:] if args.args[:1] == ["--"] else args.args
             os.execve(kubectl, [str(kubectl), *rest], env)
+        if args.cmd == "trainer-image":
+            cluster = Cluster(args.name)
+            if not cluster.is_up() or cluster.load()["options"]["profile"] != "node":
+                raise ClusterError(f"no node-profile cluster {args.name!r} is up")
+            print(nodemod.ensure_trainer_image(cluster, sys.stderr))
+            return 0
         if args.cmd == "status":
             info = [c.describe() for c in known_clusters()]
             if args.json:
