@@ -1,6 +1,6 @@
 """How a worker announces that it arrived at an epoch (and, in `Process` mode, how its trainer
 exited). Behind the `Arrival` interface so that a cheaper channel than one pod write per worker
-can replace the annotation (DESIGN.md section 3, "Scale")."""
+can replace the annotation (docs/design.md section 3.4)."""
 
 from __future__ import annotations
 

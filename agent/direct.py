@@ -1,5 +1,5 @@
 """Arrival reported to the controller directly, the pod annotation kept as the durable fallback
-(DESIGN.md section 3, "Scale").
+(docs/design.md section 3.4).
 
 One POST per arrival to the controller's `/v1/arrivals`: the controller records the report in
 memory and answers with a stream of the GangJob's state (`status.epoch`, `barrierEpoch`,

@@ -1,4 +1,4 @@
-"""The agent's side of the restart protocol as pure functions (DESIGN.md section 3): the view of
+"""The agent's side of the restart protocol, pure functions (docs/design.md section 3): the view of
 its GangJob it reacts to, which epoch to arrive at, whether the barrier is open, how to read
 and write its pod's annotations, and the reconnect backoff. No I/O here.
 """

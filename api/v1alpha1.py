@@ -1,5 +1,5 @@
 """The GangJob resource, gangjob.io/v1alpha1: pydantic models of its spec and status with the wire
-names of DESIGN.md section 3b, and the helpers that parse an API object and dump a status.
+names of docs/design.md section 3b, and the helpers that parse an API object and dump a status.
 
 The CRD's schema is generated from these models (`api.crd`); the validation rules that a schema
 alone cannot express are CEL rules attached here, next to the fields they constrain, and mirrored

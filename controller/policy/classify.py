@@ -1,4 +1,4 @@
-"""Failure classification, pure (DESIGN.md section 4): the failure signals of one worker (its pod,
+"""Failure classification, pure (docs/design.md section 4): the signals of one worker (its pod,
 its node, its devices) as one classified `Failure`, and `spec.failurePolicy` applied to it: the
 first matching rule, else the defaults. Also the exit codes the kubelet may restart in place.
 
@@ -33,7 +33,7 @@ ALL_CONTAINERS_RESTARTING: Final = "AllContainersRestarting"
 DISRUPTION_TARGET: Final = "DisruptionTarget"
 RESTARTING_ALL_CONTAINERS: Final = "RestartingAllContainers"
 """The reason of the synthetic `lastState` (exit code 137) the kubelet writes into every
-container after a KEP-5532 restart: the real exit code is lost (LOCALCLUSTER.md)."""
+container after a KEP-5532 restart: the real exit code is lost (docs/localcluster.md)."""
 OOM_KILLED: Final = "OOMKilled"
 
 # Node taints that say the node is gone or going (node lifecycle controller, KEP-2268).
@@ -210,7 +210,7 @@ def node_lost(node_name: str, node: NodeView | None) -> str | None:
 
 
 def may_force_delete_on(node: NodeView | None) -> bool:
-    """The guard on the node of DESIGN.md section 4: a pod stuck terminating may be
+    """The guard on the node of docs/design.md section 4: a pod stuck terminating may be
     force-deleted only if its node is gone, unreachable, or NotReady and out of service: a
     kubelet that merely reports NotReady may still be running the pod."""
     if node is None:

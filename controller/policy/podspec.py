@@ -133,7 +133,7 @@ def build_service(job: GangJob) -> dict[str, Any]:
 
 
 def worker_env(job: GangJob, rank: int) -> list[dict[str, Any]]:
-    """The environment every trainer gets (DESIGN.md 3b).
+    """The environment every trainer gets (docs/design.md section 3b).
 
     The epoch is not in it: the epoch changes without the pod being recreated, so the agent
     hands it to the training process instead.

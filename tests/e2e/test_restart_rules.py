@@ -138,7 +138,7 @@ async def test_restart_all_containers_rule_restarts_the_whole_pod_in_place(
         "trainer": 1,
         "sidecar": 1,
     }
-    # ... and the kubelet records the synthetic reason, not the real exit code (LOCALCLUSTER.md).
+    # ... and the kubelet records the synthetic reason, not the real exit (docs/localcluster.md).
     assert st["sidecar"]["lastState"]["terminated"]["reason"] == "RestartingAllContainers"
     # Same sandbox: the emptyDir survived the restart, so the trainer found its mark and kept
     # running (with a fresh volume it would exit 42 again and count a second restart).

@@ -1,5 +1,5 @@
 """With the container-restart-rule gates off, the apiserver silently drops `restartPolicyRules`
-from new pods (LOCALCLUSTER.md). The controller must notice and fall back, saying so."""
+from new pods (docs/localcluster.md). The controller must notice and fall back, saying so."""
 
 from __future__ import annotations
 

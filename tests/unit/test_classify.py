@@ -1,4 +1,4 @@
-"""Unit tests of controller.policy.classify: every failure signal of DESIGN.md section 4 as a table,
+"""Tests of controller.policy.classify: every failure signal of docs/design.md section 4 as a table,
 the failure policy (first match wins, the defaults, counting), and the exit codes the kubelet may
 restart in place."""
 

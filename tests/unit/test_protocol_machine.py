@@ -1,7 +1,7 @@
 """A hypothesis state machine over `controller.policy.plan`: a simulated gang (pods whose agents
 arrive at epochs, trainers that crash, nodes that are lost or deleted, pods deleted by others, the
 kubelet and the clock moving on) with planner passes interleaved arbitrarily, and the
-invariants of DESIGN.md section 3 checked after every pass:
+invariants of docs/design.md section 3 checked after every pass:
 
 - epochs never go down, and go up by at most one per pass;
 - one failure causes one bump however many pods report it: a bump from epoch E needs a failure
