@@ -202,7 +202,8 @@ def write_oci_archive(spec: ImageSpec, dest: Path) -> Path:
     if spec.user:
         config["config"]["User"] = spec.user
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_suffix(".tmp")
+    # A name of its own: two clusters coming up at once write the same archive side by side.
+    tmp = dest.with_suffix(f".{os.getpid()}.tmp")
     with tarfile.open(tmp, "w") as layout:
         cfg = json.dumps(config, sort_keys=True).encode()
         cfg_digest = _blob(layout, cfg)

@@ -16,6 +16,8 @@ then checked by running the image's own interpreter on them (a one-rank gloo all
 
 from __future__ import annotations
 
+import argparse
+import fcntl
 import hashlib
 import os
 import py_compile
@@ -103,13 +105,23 @@ def _run(cmd: list[str], **kw: object) -> str:
 
 
 def ensure_site_packages(out: TextIO = sys.stderr) -> Path:
-    """The CPU-only site-packages (torch and its deps), built on first use into the cache."""
+    """The CPU-only site-packages (torch and its deps), built on first use into the cache. One
+    build at a time (a demo and the e2e tests may ask together): a second caller waits for the
+    first one's and uses it."""
     dest = site_packages()
     if (dest / ".complete").exists():
         return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(dest.parent / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (dest / ".complete").exists():
+            return dest
+        return _build_site_packages(dest, out)
+
+
+def _build_site_packages(dest: Path, out: TextIO) -> Path:
     t0 = time.monotonic()
     out.write(f"building a CPU-only PyTorch {TORCH_VERSION} into {dest} (once)\n")
-    dest.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="site-", dir=dest.parent))
     try:
         # The wheels stay in the cache: a rebuild (a new stub rule, say) downloads nothing.
@@ -316,8 +328,14 @@ def stdlib_bytecode(spec: images.ImageSpec) -> dict[str, Path | bytes]:
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """`python -m localcluster.pytorch`: build the site-packages and the image archive."""
+    argparse.ArgumentParser(
+        prog="python -m localcluster.pytorch",
+        description=f"Build the trainer image {PYTORCH_IMAGE} into the cache (the first time: a "
+        "900 MB PyTorch download and a few minutes). `localcluster trainer-image` also imports "
+        "it into a node-profile cluster.",
+    ).parse_args(argv)
     t0 = time.monotonic()
     spec = trainer_image()
     archive = images.write_oci_archive(spec, images.archive_path(spec))
