@@ -49,7 +49,8 @@ from controller.k8s.transforms import strip_managed_fields, trim_node, trim_pod
 from controller.policy.plan import PlanConfig
 from controller.reconcile import Caches, Outcome, Reconciler
 from controller.runtime import metrics
-from controller.runtime.probes import HealthServer, make_app
+from controller.runtime.httpserver import HttpServer
+from controller.runtime.probes import probes_app
 from controller.runtime.queue import WorkQueue
 
 log = logging.getLogger(__name__)
@@ -308,11 +309,11 @@ class Manager:
 
     async def run(self) -> int:
         """Runs until cancelled (returns 0) or until the Lease is lost (returns 1)."""
-        servers: list[HealthServer] = []
+        servers: list[HttpServer] = []
         app_ready: Callable[[], bool] = self.synced
         for addr in {self.settings.metrics_address, self.settings.health_address} - {None}:
             assert addr is not None
-            server = HealthServer(make_app(app_ready, healthy=self.healthy), addr[0], addr[1])
+            server = HttpServer(probes_app(app_ready, healthy=self.healthy), addr[0], addr[1])
             await server.start()
             servers.append(server)
         if self.settings.arrival_address is not None:
@@ -325,7 +326,7 @@ class Manager:
                 on_report=self._on_report,
             )
             # A gang of thousands restarts at once: its reports must not overflow the backlog.
-            server = HealthServer(app, host, port, backlog=4096)
+            server = HttpServer(app, host, port, backlog=4096)
             await server.start()
             servers.append(server)
             log.info("arrival endpoint on %s:%s", host, server.port)

@@ -40,6 +40,7 @@ from controller.k8s.store import BY_GANGJOB, Store
 from controller.policy.plan import EventSpec, Observed, Plan, PlanConfig, PodDelete, plan
 from controller.policy.views import NodeView, PodView
 from controller.runtime import metrics, tracing
+from controller.runtime.clock import utcnow
 from controller.workeraccess import (
     ensure_worker_access,
     forget_worker_access,
@@ -50,10 +51,6 @@ log = logging.getLogger(__name__)
 
 REPORTING_COMPONENT = "gangjob-controller"
 V = TypeVar("V")
-
-
-def _utcnow() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
 
 
 def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
@@ -162,7 +159,7 @@ class Reconciler:
         *,
         config: PlanConfig | None = None,
         tracer: Tracer | None = None,
-        now: Callable[[], dt.datetime] = _utcnow,
+        now: Callable[[], dt.datetime] = utcnow,
         pod_write_concurrency: int = 32,
         identity: str = "gangjob-controller",
         progress_interval: float = 1.0,

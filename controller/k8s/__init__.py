@@ -21,7 +21,6 @@ from controller.k8s.errors import (
 from controller.k8s.kinds import (
     CORE_EVENTS,
     CRDS,
-    EVENTS,
     GANGJOBS,
     LEASES,
     NAMESPACES,
@@ -38,7 +37,6 @@ from controller.k8s.watch import ObjectList, WatchEvent, selector
 __all__ = [
     "CORE_EVENTS",
     "CRDS",
-    "EVENTS",
     "GANGJOBS",
     "LEASES",
     "NAMESPACES",

@@ -77,12 +77,6 @@ class AlreadyExists(ApiError):
 class Invalid(ApiError):
     """422: the apiserver rejected the object; `message` names the field and the rule."""
 
-    @property
-    def causes(self) -> list[JsonDict]:
-        details = (self.body or {}).get("details") or {}
-        causes = details.get("causes") or []
-        return [c for c in causes if isinstance(c, dict)]
-
 
 class Forbidden(ApiError):
     pass

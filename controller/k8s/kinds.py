@@ -12,7 +12,6 @@ from typing import Any
 __all__ = [
     "CORE_EVENTS",
     "CRDS",
-    "EVENTS",
     "GANGJOBS",
     "LEASES",
     "NAMESPACES",
@@ -70,7 +69,6 @@ SERVICES = ResourceKind("", "v1", "services", "Service")
 NODES = ResourceKind("", "v1", "nodes", "Node", namespaced=False)
 NAMESPACES = ResourceKind("", "v1", "namespaces", "Namespace", namespaced=False)
 CORE_EVENTS = ResourceKind("", "v1", "events", "Event")
-EVENTS = ResourceKind("events.k8s.io", "v1", "events", "Event")
 LEASES = ResourceKind("coordination.k8s.io", "v1", "leases", "Lease")
 GANGJOBS = ResourceKind("gangjob.io", "v1alpha1", "gangjobs", "GangJob")
 CRDS = ResourceKind(

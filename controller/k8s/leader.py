@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from controller.k8s.errors import AlreadyExists, ApiError, NotFound
 from controller.k8s.kinds import LEASES, JsonDict, ResourceKind
 from controller.runtime import metrics
-from controller.runtime.clock import MONOTONIC, Clock
+from controller.runtime.clock import MONOTONIC, Clock, utcnow
 
 __all__ = [
     "LeaderElectionConfig",
@@ -32,7 +32,6 @@ __all__ = [
     "LeaseObservation",
     "LeaseRecord",
     "next_record",
-    "run",
 ]
 
 log = logging.getLogger(__name__)
@@ -186,10 +185,6 @@ class LeaseClient(Protocol):
     ) -> JsonDict: ...
 
 
-def _utcnow() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
-
-
 class LeaderElector:
     """One candidate for one Lease."""
 
@@ -199,7 +194,7 @@ class LeaderElector:
         config: LeaderElectionConfig,
         *,
         clock: Clock = MONOTONIC,
-        wall: Callable[[], dt.datetime] = _utcnow,
+        wall: Callable[[], dt.datetime] = utcnow,
     ) -> None:
         self.config = config
         self._client = client
@@ -393,15 +388,3 @@ class LeaderElector:
             on_stopped_leading()
         if work.done() and not work.cancelled() and work.exception() is not None:
             raise work.exception()  # type: ignore[misc]
-
-
-async def run(
-    client: LeaseClient,
-    config: LeaderElectionConfig,
-    on_started_leading: Callable[[], Awaitable[Any]],
-    on_stopped_leading: Callable[[], Any],
-    *,
-    clock: Clock = MONOTONIC,
-) -> None:
-    """`LeaderElector(client, config, clock=clock).run(on_started_leading, on_stopped_leading)`."""
-    await LeaderElector(client, config, clock=clock).run(on_started_leading, on_stopped_leading)

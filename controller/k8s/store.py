@@ -166,9 +166,6 @@ class Store:
     def get(self, key: str) -> JsonDict | None:
         return self._items.get(key)
 
-    def get_by_name(self, name: str, namespace: str | None = None) -> JsonDict | None:
-        return self._items.get(f"{namespace}/{name}" if namespace else name)
-
     def keys(self) -> builtins.list[str]:
         return list(self._items)
 
@@ -187,18 +184,6 @@ class Store:
     def by_index(self, index: str, value: str) -> builtins.list[JsonDict]:
         keys = self._indices[index].get(value, ())
         return [self._items[k] for k in keys]
-
-    # wiring
-
-    def add_handler(self, handler: EventHandler) -> None:
-        self._handlers.append(handler)
-
-    def add_indexer(self, name: str, func: IndexFunc) -> None:
-        """Add an index (before `run`, or it is built from the current cache)."""
-        self._indexers[name] = func
-        self._indices[name] = {}
-        for key, obj in self._items.items():
-            self._index_one(name, key, obj)
 
     # the reflector
 

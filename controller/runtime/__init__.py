@@ -1,2 +1,2 @@
 """The controller's runtime machinery, free of Kubernetes and of policy: the clock, the work
-queue, metrics, tracing and the probe/metrics HTTP server."""
+queue, metrics, tracing, the probes/metrics application and the HTTP server that serves it."""

@@ -1,12 +1,14 @@
-"""The clock the controller's timing code is written against, injected so tests drive time.
+"""The clocks the controller reads: a monotonic `Clock`, injected so tests drive time, and
+`utcnow`, the wall clock for timestamps written to the API.
 
-Deadlines and backoffs use a monotonic clock: a wall-clock step (NTP, a VM resumed) must not
+Deadlines and backoffs use the monotonic clock: a wall-clock step (NTP, a VM resumed) must not
 make a lease look expired or a backoff end early.
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import time
 from typing import Protocol
 
@@ -30,3 +32,8 @@ class MonotonicClock:
 
 
 MONOTONIC = MonotonicClock()
+
+
+def utcnow() -> dt.datetime:
+    """Now on the wall clock, as an aware UTC datetime (Lease and status timestamps, Events)."""
+    return dt.datetime.now(dt.UTC)

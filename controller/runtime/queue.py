@@ -226,14 +226,6 @@ class WorkQueue(Generic[K]):
         """Keys waiting for a delayed add."""
         return len(self._waiting_at)
 
-    @property
-    def processing(self) -> frozenset[K]:
-        return frozenset(self._processing)
-
-    @property
-    def shutting_down(self) -> bool:
-        return self._shutting_down
-
     def next_ready_in(self) -> float | None:
         """Seconds until the earliest delayed key is due, or None if none waits."""
         self._drop_superseded()

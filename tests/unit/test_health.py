@@ -5,15 +5,16 @@ from __future__ import annotations
 import aiohttp
 
 from controller.runtime import metrics
-from controller.runtime.probes import HealthServer, make_app
+from controller.runtime.httpserver import HttpServer
+from controller.runtime.probes import probes_app
 
 
 async def test_endpoints() -> None:
     synced = False
     live = True
     metrics.WORKQUEUE_DEPTH.labels("health-test").set(3)
-    app = make_app(lambda: synced, healthy=lambda: live)
-    async with HealthServer(app, "127.0.0.1", 0) as server, aiohttp.ClientSession() as http:
+    app = probes_app(lambda: synced, healthy=lambda: live)
+    async with HttpServer(app, "127.0.0.1", 0) as server, aiohttp.ClientSession() as http:
         base = f"http://127.0.0.1:{server.port}"
         async with http.get(f"{base}/readyz") as resp:
             assert resp.status == 503
