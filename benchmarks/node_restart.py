@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from api import builders
 from benchmarks.common import Progress, markdown_table, write_json
 from controller.k8s import GANGJOBS, JsonDict, Kube
 from localcluster.cluster import Cluster, Options
@@ -38,30 +39,18 @@ while :; do sleep 1 & wait $!; done
 
 
 def gangjob(mode: str, workers: int, restarts: int) -> JsonDict:
-    return {
-        "apiVersion": "gangjob.io/v1alpha1",
-        "kind": "GangJob",
-        "metadata": {"name": f"bench-{mode.lower()}"},
-        "spec": {
-            "replicas": workers,
-            "restart": {"mode": mode, "maxRestarts": restarts + 1},
-            "template": {
-                "spec": {
-                    "terminationGracePeriodSeconds": 5,
-                    "containers": [
-                        {
-                            "name": "trainer",
-                            # Process mode runs the agent in the trainer's image: it needs python3.
-                            "image": AGENT_IMAGE if mode == "Process" else "localhost/busybox:dev",
-                            "imagePullPolicy": "Never",
-                            "command": ["sh", "-c", TRAINER],
-                            "env": [{"name": "RESTARTS", "value": str(restarts)}],
-                        }
-                    ],
-                }
-            },
+    return builders.gangjob(
+        f"bench-{mode.lower()}", workers,
+        # Process mode runs the agent in the trainer's image: it needs python3.
+        image=AGENT_IMAGE if mode == "Process" else "localhost/busybox:dev",
+        command=["sh", "-c", TRAINER],
+        container={
+            "imagePullPolicy": "Never",
+            "env": [{"name": "RESTARTS", "value": str(restarts)}],
         },
-    }
+        pod_spec={"terminationGracePeriodSeconds": 5},
+        restart_mode=mode, max_restarts=restarts + 1,
+    )  # fmt: skip
 
 
 def _time(value: str) -> datetime:

@@ -52,6 +52,7 @@ from typing import Any
 
 from agent.agent import Step
 from agent.apiclient import ApiError, HttpClient, ssl_context
+from api import builders
 from api.v1alpha1 import RestartRecord
 from benchmarks.common import RESULTS, Progress, cpu_seconds, markdown_table, rss_mib, write_json
 from benchmarks.plot import plot_lines
@@ -285,31 +286,16 @@ class World:
 
 
 def gangjob(name: str, ns: str, replicas: int, mode: str) -> JsonDict:
-    return {
-        "apiVersion": "gangjob.io/v1alpha1",
-        "kind": "GangJob",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "replicas": replicas,
-            "restart": {"mode": mode, "maxRestarts": 1000},
-            # The benchmark measures the restart, not the guard's wait (60 s by default).
-            "nodeLoss": {"forceDeleteAfterSeconds": 0},
-            "template": {
-                # The simulated kubelet, not KWOK, finishes these pods' deletion (by UID).
-                "metadata": {"labels": {SIMULATED_KUBELET_LABEL: "true"}},
-                "spec": {
-                    "nodeSelector": {BENCH_LABEL: ns},
-                    "containers": [
-                        {
-                            "name": "trainer",
-                            "image": "localhost/busybox:dev",
-                            "command": ["sh", "-c", "sleep infinity"],
-                        }
-                    ],
-                },
-            },
-        },
-    }
+    return builders.gangjob(
+        name, replicas, namespace=ns,
+        image="localhost/busybox:dev", command=["sh", "-c", "sleep infinity"],
+        pod_spec={"nodeSelector": {BENCH_LABEL: ns}},
+        # The simulated kubelet, not KWOK, finishes these pods' deletion (by UID).
+        pod_labels={SIMULATED_KUBELET_LABEL: "true"},
+        restart_mode=mode, max_restarts=1000,
+        # The benchmark measures the restart, not the guard's wait (60 s by default).
+        spec={"nodeLoss": {"forceDeleteAfterSeconds": 0}},
+    )  # fmt: skip
 
 
 async def make_nodes(w: World) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from api.builders import gangjob
 from benchmarks.common import Progress, cpu_seconds, markdown_table, rss_mib, write_json
 from controller.k8s import GANGJOBS, JsonDict, Kube
 from localcluster.cluster import Cluster, Options
@@ -31,25 +32,7 @@ PODS_PER_NODE = 250
 
 def manifest(name: str, replicas: int) -> str:
     return yaml.safe_dump(
-        {
-            "apiVersion": "gangjob.io/v1alpha1",
-            "kind": "GangJob",
-            "metadata": {"name": name},
-            "spec": {
-                "replicas": replicas,
-                "template": {
-                    "spec": {
-                        "containers": [
-                            {
-                                "name": "trainer",
-                                "image": "localhost/busybox:dev",
-                                "command": ["sleep", "infinity"],
-                            }
-                        ]
-                    }
-                },
-            },
-        }
+        gangjob(name, replicas, image="localhost/busybox:dev", command=["sleep", "infinity"])
     )
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from api import builders
 from controller.k8s import GANGJOBS, JsonDict, Kube
 from localcluster.cluster import Cluster
 from localcluster.node import AGENT_IMAGE
@@ -32,32 +33,21 @@ while :; do sleep 1; done
 def gangjob(name: str, mode: str, crash_code: int = 1, **spec: Any) -> JsonDict:
     # Process mode runs the agent inside the trainer's container: that image needs python3.
     image = AGENT_IMAGE if mode == "Process" else "localhost/busybox:dev"
-    return {
-        "apiVersion": "gangjob.io/v1alpha1",
-        "kind": "GangJob",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": 3,
-            "restart": {"mode": mode},
-            "template": {
-                "spec": {
-                    "terminationGracePeriodSeconds": 5,
-                    "containers": [
-                        {
-                            "name": "trainer",
-                            "image": image,
-                            "imagePullPolicy": "Never",
-                            "command": ["sh", "-c", TRAINER],
-                            "env": [{"name": "CRASH_CODE", "value": str(crash_code)}],
-                            "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
-                        }
-                    ],
-                    "volumes": [{"name": "scratch", "emptyDir": {}}],
-                }
-            },
-            **spec,
+    return builders.gangjob(
+        name, 3,
+        image=image, command=["sh", "-c", TRAINER],
+        container={
+            "imagePullPolicy": "Never",
+            "env": [{"name": "CRASH_CODE", "value": str(crash_code)}],
+            "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
         },
-    }
+        pod_spec={
+            "terminationGracePeriodSeconds": 5,
+            "volumes": [{"name": "scratch", "emptyDir": {}}],
+        },
+        restart_mode=mode,
+        spec=spec,
+    )  # fmt: skip
 
 
 def at_epoch(epoch: int) -> Any:

@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from api import builders
 from api.constants import LABEL_NAME
 from controller.k8s import CRDS, GANGJOBS, PODS, JsonDict, Kube, NotFound
 from localcluster.procs import free_port
@@ -59,23 +60,9 @@ async def install_crd(kube: Kube) -> None:
 
 def gangjob(name: str, replicas: int, **spec: Any) -> JsonDict:
     """A GangJob manifest with a busybox trainer (KWOK runs it; nothing executes on sim)."""
-    body: JsonDict = {
-        "apiVersion": "gangjob.io/v1alpha1",
-        "kind": "GangJob",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "template": {
-                "spec": {
-                    "containers": [
-                        {"name": "trainer", "image": "localhost/busybox:dev", "command": ["true"]}
-                    ]
-                }
-            },
-            **spec,
-        },
-    }
-    return body
+    return builders.gangjob(
+        name, replicas, image="localhost/busybox:dev", command=["true"], spec=spec
+    )
 
 
 async def gang_pods(kube: Kube, ns: str, job: str) -> list[JsonDict]:

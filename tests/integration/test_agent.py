@@ -19,6 +19,7 @@ import yaml
 from agent.agent import Agent, AgentState, Mode, Step
 from agent.apiclient import HttpClient, ssl_context
 from agent.config import Config
+from api.builders import gangjob
 from api.constants import ANNOTATION_EPOCH, ANNOTATION_EXIT, RESTART_EXIT_CODE
 from controller.k8s import CRDS, GANGJOBS, PODS, AlreadyExists, JsonDict, Kube
 from localcluster.cluster import Cluster
@@ -57,13 +58,7 @@ def admin_tls(sim_cluster: Cluster) -> ssl.SSLContext:
 
 async def create_gang(kube: Kube, namespace: str, replicas: int) -> None:
     template = {"spec": {"containers": [{"name": "trainer", "image": "registry.invalid/t:1"}]}}
-    job = {
-        "apiVersion": GANGJOBS.api_version,
-        "kind": GANGJOBS.kind,
-        "metadata": {"name": JOB},
-        "spec": {"replicas": replicas, "template": template},
-    }
-    await kube.create(GANGJOBS, job, namespace)
+    await kube.create(GANGJOBS, gangjob(JOB, replicas, template=template), namespace)
     for rank in range(replicas):
         pod = {
             "apiVersion": "v1",

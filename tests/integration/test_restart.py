@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from agent.apiclient import HttpClient, ssl_context
+from api.builders import gangjob
 from benchmarks.restart_scale import lose_node
 from controller.k8s import CORE_EVENTS, GANGJOBS, NODES, PODS, JsonDict, Kube, NotFound
 from localcluster.cluster import SIMULATED_KUBELET_LABEL, Cluster, Options, kwok_node
@@ -44,31 +45,15 @@ class Gang:
     ctl: ControllerProcess
 
     async def create(self, name: str, replicas: int, **spec: Any) -> JsonDict:
-        template_spec: JsonDict = {
-            "nodeSelector": {"gangjob-test": self.ns},
-            "containers": [
-                {
-                    "name": "trainer",
-                    "image": "localhost/busybox:dev",
-                    "command": ["sh", "-c", "sleep infinity"],
-                    **spec.pop("trainer", {}),
-                }
-            ],
-        }
-        body = {
-            "apiVersion": "gangjob.io/v1alpha1",
-            "kind": "GangJob",
-            "metadata": {"name": name},
-            "spec": {
-                "replicas": replicas,
-                # The simulated kubelet, not KWOK, finishes these pods' deletion (by UID).
-                "template": {
-                    "metadata": {"labels": {SIMULATED_KUBELET_LABEL: "true"}},
-                    "spec": template_spec,
-                },
-                **spec,
-            },
-        }
+        body = gangjob(
+            name, replicas,
+            image="localhost/busybox:dev", command=["sh", "-c", "sleep infinity"],
+            container=spec.pop("trainer", {}),
+            pod_spec={"nodeSelector": {"gangjob-test": self.ns}},
+            # The simulated kubelet, not KWOK, finishes these pods' deletion (by UID).
+            pod_labels={SIMULATED_KUBELET_LABEL: "true"},
+            spec=spec,
+        )  # fmt: skip
         return await self.kube.create(GANGJOBS, body, self.ns)
 
     async def pods(self, job: str) -> dict[str, JsonDict]:

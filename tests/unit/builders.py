@@ -3,10 +3,10 @@ unit tests of the controller's policy."""
 
 from __future__ import annotations
 
-import copy
 from datetime import UTC, datetime
 from typing import Any
 
+from api.builders import gangjob
 from api.v1alpha1 import GangJob, GangJobStatus, parse_gangjob
 
 JOB_NAME = "llama"
@@ -38,19 +38,10 @@ def _stamp(value: datetime) -> str:
 def job_dict(
     replicas: int = 4, status: dict[str, Any] | None = None, **spec: Any
 ) -> dict[str, Any]:
-    return {
-        "apiVersion": "gangjob.io/v1alpha1",
-        "kind": "GangJob",
-        "metadata": {
-            "name": JOB_NAME,
-            "namespace": NAMESPACE,
-            "uid": JOB_UID,
-            "generation": 1,
-            "creationTimestamp": _stamp(T0),
-        },
-        "spec": {"replicas": replicas, "template": copy.deepcopy(TEMPLATE), **spec},
-        "status": status or {},
-    }
+    body = gangjob(JOB_NAME, replicas, namespace=NAMESPACE, template=TEMPLATE, spec=spec)
+    body["metadata"].update(uid=JOB_UID, generation=1, creationTimestamp=_stamp(T0))
+    body["status"] = status or {}
+    return body
 
 
 def make_job(replicas: int = 4, **spec: Any) -> GangJob:
