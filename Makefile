@@ -10,10 +10,10 @@ CLUSTER_PROFILE ?= sim
 NODES ?= 3
 
 .PHONY: help setup lint test test-unit test-integration test-e2e manifests install uninstall \
-        run cluster cluster-node down status build-k8s bench clean
+        run cluster cluster-node down down-node status build-k8s bench clean
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) on PATH" >&2; exit 1; }
@@ -93,7 +93,7 @@ $(BENCH_STAMP): $(STAMP)
 	@touch $@
 
 bench: $(BENCH_STAMP) ## restart latency at scale, in place vs Recreate (N=100,1000; BENCH_ARGS=--with-5000)
-	$(BIN)/python -m benchmarks.restart_scale --sizes 100,1000 $(BENCH_ARGS)
+	$(BIN)/python -m benchmarks.scale --sizes 100,1000 $(BENCH_ARGS)
 
 build-k8s: setup ## build the pinned Kubernetes, etcd and KWOK binaries into the cache
 	$(BIN)/localcluster build
@@ -104,8 +104,11 @@ cluster: setup ## start the local cluster (CLUSTER_PROFILE=sim|node, NODES=3)
 cluster-node: setup ## start the local cluster with one real kubelet
 	$(BIN)/localcluster up --profile node
 
-down: setup ## stop the local cluster
+down: setup ## stop the local cluster (CLUSTER_PROFILE=sim|node)
 	$(BIN)/localcluster down --profile $(CLUSTER_PROFILE)
+
+down-node: setup ## stop the local cluster with the real kubelet
+	$(BIN)/localcluster down --profile node
 
 status: setup ## what the local clusters run
 	$(BIN)/localcluster status

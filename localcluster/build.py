@@ -155,7 +155,7 @@ class Progress:
             self.out.flush()
 
 
-def _run_logged(
+def run_logged(
     cmd: list[str],
     cwd: Path,
     log: TextIO,
@@ -219,11 +219,11 @@ def tools_module(go: str, log: TextIO) -> Path:
     )
     (mod / "tools.go").write_text(TOOLS_GO)
     (mod / "etcd" / "main.go").write_text(ETCD_MAIN)
-    _run_logged([go, "mod", "tidy"], mod, log)
+    run_logged([go, "mod", "tidy"], mod, log)
     return mod
 
 
-def _install(src: Path, dest: Path) -> None:
+def install_binary(src: Path, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_suffix(".tmp")
     shutil.copy2(src, tmp)
@@ -269,18 +269,18 @@ def build(out: TextIO = sys.stderr, force: bool = False) -> list[str]:
                         assert mod is not None
                         cmd = [go, "build", "-v", "-ldflags", version_ldflags()]
                         cmd += ["-o", str(target), f"k8s.io/kubernetes/cmd/{b.name}"]
-                        _run_logged(cmd, mod, log, prog)
+                        run_logged(cmd, mod, log, prog)
                     elif b.component == "etcd":
                         assert mod is not None
                         cmd = [go, "build", "-v", "-ldflags", "-s -w", "-o", str(target), "./etcd"]
-                        _run_logged(cmd, mod, log, prog)
+                        run_logged(cmd, mod, log, prog)
                     else:
                         gobin = cache_root() / "build" / "gobin"
                         cmd = [go, "install", "-v", "-ldflags", "-s -w"]
                         cmd.append(f"sigs.k8s.io/kwok/cmd/kwok@{KWOK_VERSION}")
-                        _run_logged(cmd, cache_root(), log, prog, {"GOBIN": str(gobin)})
+                        run_logged(cmd, cache_root(), log, prog, {"GOBIN": str(gobin)})
                         target = gobin / "kwok"
-                _install(target, b.path)
+                install_binary(target, b.path)
                 built.append(b.name)
                 out.write(f"    {b.name}: {time.monotonic() - t0:.0f}s -> {b.path}\n")
             if stages_missing:

@@ -167,7 +167,7 @@ def ensure_built(out: TextIO = sys.stderr, force: bool = False) -> Path:
                 # the in-place-restart agent, a sidecar image.
                 cmd = [go, "build", "-v", "-ldflags", ldflags, "-o", str(target), "."]
                 with buildmod.Progress(out, "jobset-controller", COLD_BUILD_SECONDS) as prog:
-                    buildmod._run_logged(cmd, src, log, prog)
+                    buildmod.run_logged(cmd, src, log, prog)
                 crds = sorted((src / "config" / "components" / "crd" / "bases").glob("*.yaml"))
                 if not crds:
                     raise JobSetError(f"{MODULE}@{JOBSET_VERSION} has no CRD manifests")
@@ -175,7 +175,7 @@ def ensure_built(out: TextIO = sys.stderr, force: bool = False) -> Path:
                 crd_dir().mkdir(parents=True, exist_ok=True)
                 for crd in crds:
                     shutil.copyfile(crd, crd_dir() / crd.name)
-                buildmod._install(target, binary_path())
+                buildmod.install_binary(target, binary_path())
             finally:
                 shutil.rmtree(work, ignore_errors=True)
         out.write(f"    jobset-controller: {time.monotonic() - t0:.0f}s -> {binary_path()}\n")

@@ -24,9 +24,9 @@ from localcluster.cluster import Cluster, Options
 
 # GANGJOB_TEST_CLUSTERS=<prefix> gives a run clusters of its own (`<prefix>-sim`, `<prefix>-node`),
 # so that two test runs on one machine do not share (and stop) each other's clusters.
-_PREFIX = os.environ.get("GANGJOB_TEST_CLUSTERS", "test")
-SIM_NAME = f"{_PREFIX}-sim"
-NODE_NAME = f"{_PREFIX}-node"
+CLUSTER_PREFIX = os.environ.get("GANGJOB_TEST_CLUSTERS", "test")
+SIM_NAME = f"{CLUSTER_PREFIX}-sim"
+NODE_NAME = f"{CLUSTER_PREFIX}-node"
 # What the integration tests need of the simulated cluster: a few nodes, with GPUs to lose.
 SIM_OPTIONS = Options(profile="sim", nodes=4, gpus_per_node=8)
 NODE_OPTIONS = Options(profile="node", nodes=1)

@@ -12,6 +12,7 @@ import pytest
 from controller.k8s import GANGJOBS, JsonDict, Kube
 from localcluster.cluster import Cluster, Options
 from localcluster.tools import ControllerProcess, controller_kubeconfig, install_crd, kubectl
+from tests.conftest import CLUSTER_PREFIX
 from tests.integration.harness import gang_pods, gangjob, watch_job
 
 pytestmark = pytest.mark.integration
@@ -21,7 +22,7 @@ GATES_OFF = {"ContainerRestartRules": False, "RestartAllContainersOnContainerExi
 
 @pytest.fixture(scope="module")
 def gates_off_cluster() -> Iterator[Cluster]:
-    cluster = Cluster("test-nogates")
+    cluster = Cluster(f"{CLUSTER_PREFIX}-nogates")
     started = not cluster.is_up()
     cluster.up(Options(profile="sim", nodes=2, feature_gates=GATES_OFF), sys.stderr)
     try:
