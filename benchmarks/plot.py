@@ -1,4 +1,4 @@
-"""The PNG of `restart_scale`: restart time against gang size, one line per mode.
+"""The PNG of `benchmarks.scale`: restart time against gang size, one line per mode.
 
 Drawn with matplotlib, the optional `bench` extra (`pip install -e '.[bench]'`, which
 `make bench` does); without it the plot is skipped with a note and the JSON and markdown stand.

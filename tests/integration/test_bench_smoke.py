@@ -1,4 +1,4 @@
-"""A quick smoke of `benchmarks.restart_scale` (`make bench`'s benchmark): a tiny gang through
+"""A quick smoke of `benchmarks.scale` (`make bench`'s benchmark): a tiny gang through
 every measurement on the test cluster, and a report that is well formed. Not a measurement."""
 
 from __future__ import annotations
@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.restart_scale import MODES, Settings, report, run_on, write_results
+from benchmarks.scale.report import report, write_results
+from benchmarks.scale.runner import run_on
+from benchmarks.scale.settings import MODES, Settings
 from localcluster.cluster import Cluster
 
 pytestmark = pytest.mark.integration

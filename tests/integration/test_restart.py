@@ -15,7 +15,7 @@ import pytest
 
 from agent.apiclient import HttpClient, ssl_context
 from api.builders import gangjob
-from benchmarks.restart_scale import lose_node
+from benchmarks.scale.cluster import lose_node
 from controller.k8s import CORE_EVENTS, GANGJOBS, NODES, PODS, JsonDict, Kube, NotFound
 from localcluster.cluster import SIMULATED_KUBELET_LABEL, Cluster, Options, kwok_node
 from localcluster.simkubelet import SimKubelet

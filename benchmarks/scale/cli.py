@@ -1,0 +1,65 @@
+"""`python -m benchmarks.scale`: the command line of a scale run."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+import benchmarks.scale
+from benchmarks.scale.runner import run
+from benchmarks.scale.settings import MODES, Settings
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.scale",
+                                description=benchmarks.scale.__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--sizes", default="100,1000", help="gang sizes, comma-separated")
+    p.add_argument("--with-5000", action="store_true", help="add N=5000 (a long run)")
+    p.add_argument("--reps", type=int, default=3, help="repetitions of each measurement")
+    p.add_argument(
+        "--restart-delay",
+        type=float,
+        default=2.0,
+        help="the simulated kubelet's whole-pod restart in seconds (measured: ~2)",
+    )
+    p.add_argument(
+        "--start-delay",
+        type=float,
+        default=1.3,
+        help="the simulated kubelet's start of a new pod in seconds (measured: 1.1-1.5)",
+    )
+    p.add_argument(
+        "--scheduler-qps",
+        type=int,
+        help="raise the scheduler's client QPS (burst 2x) for a second set of figures",
+    )
+    p.add_argument(
+        "--endpoint-batch",
+        type=float,
+        metavar="SECONDS",
+        help="batch the controller-manager's Endpoints/EndpointSlice updates (default: not "
+        "batched): every pod change behind the gang's headless Service costs those "
+        "controllers a pass over all N pods",
+    )
+    p.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help=f"measurements to take, comma-separated (default: all of {','.join(MODES)})",
+    )
+    p.add_argument("--cluster", default="bench", help="local cluster to use (started if down)")
+    p.add_argument("--keep", action="store_true", help="leave a cluster this run started up")
+    a = p.parse_args()
+    modes = tuple(m for m in a.modes.split(",") if m)
+    if not modes or set(modes) - set(MODES):
+        p.error(f"--modes: choose from {','.join(MODES)}")
+    sizes = [int(s) for s in a.sizes.split(",") if s]
+    if a.with_5000 and 5000 not in sizes:
+        sizes.append(5000)
+    settings = Settings(
+        sizes=sizes, reps=a.reps, restart_delay=a.restart_delay, start_delay=a.start_delay,
+        modes=modes,
+        scheduler_qps=a.scheduler_qps, endpoint_batch=a.endpoint_batch,
+        cluster=a.cluster, keep=a.keep,
+    )  # fmt: skip
+    return asyncio.run(run(settings))

@@ -1,0 +1,200 @@
+"""The world a scale run measures in: the local cluster (started with the scheduler QPS and
+endpoint batching asked for), the KWOK nodes of one gang size, the gangs themselves (created,
+brought to a steady epoch, torn down), and the node failure that node-lost injects."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http.client
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+
+from agent.apiclient import HttpClient
+from api import builders
+from benchmarks.common import Progress, rss_mib
+from benchmarks.scale.observer import JobTracker, agents_at, milestones, pods_where, polled, running
+from benchmarks.scale.settings import BENCH_LABEL, BULK_TAINT, PODS_PER_NODE, Settings
+from controller.k8s import GANGJOBS, NODES, JsonDict, Kube, NotFound
+from localcluster.cluster import SIMULATED_KUBELET_LABEL, Cluster, Options, kwok_node
+from localcluster.simkubelet import SimKubelet
+from localcluster.tools import ControllerProcess
+
+
+@dataclass
+class World:
+    """What one size's measurements share."""
+
+    n: int
+    settings: Settings
+    cluster: Cluster
+    kube: Kube
+    api: HttpClient
+    ctl: ControllerProcess
+    ns: str = ""
+    sim: SimKubelet | None = None
+    nodes: list[str] = field(default_factory=list)
+    victims: list[str] = field(default_factory=list)
+    rss_max: float = 0.0
+
+    @property
+    def s(self) -> SimKubelet:
+        assert self.sim is not None
+        return self.sim
+
+    def sample_rss(self) -> None:
+        assert self.ctl.proc is not None
+        self.rss_max = max(self.rss_max, rss_mib(self.ctl.proc.pid))
+
+    def timeout(self, per_pod: float, base: float = 90.0) -> float:
+        return base + per_pod * self.n
+
+
+def gangjob(name: str, ns: str, replicas: int, mode: str) -> JsonDict:
+    return builders.gangjob(
+        name, replicas, namespace=ns,
+        image="localhost/busybox:dev", command=["sh", "-c", "sleep infinity"],
+        pod_spec={"nodeSelector": {BENCH_LABEL: ns}},
+        # The simulated kubelet, not KWOK, finishes these pods' deletion (by UID).
+        pod_labels={SIMULATED_KUBELET_LABEL: "true"},
+        restart_mode=mode, max_restarts=1000,
+        # The benchmark measures the restart, not the guard's wait (60 s by default).
+        spec={"nodeLoss": {"forceDeleteAfterSeconds": 0}},
+    )  # fmt: skip
+
+
+async def make_nodes(w: World) -> None:
+    """Nodes of this size only: enough of 250 pods for N plus the recreated, and one node of a
+    single pod per repetition of node-lost (so losing it loses exactly one worker), which the
+    scheduler fills first."""
+    bulk = math.ceil(w.n / PODS_PER_NODE) + 1
+    short = w.ns[-6:]
+    specs = [(f"bench-{short}-b{i}", PODS_PER_NODE) for i in range(bulk)]
+    specs += [(f"bench-{short}-v{i}", 1) for i in range(w.settings.reps)]
+    for name, pods in specs:
+        node = kwok_node(name, Options(pods_per_node=pods))
+        node["metadata"]["labels"][BENCH_LABEL] = w.ns
+        if pods != 1:
+            # The scheduler then fills the single-pod nodes first (TaintToleration scores an
+            # untainted node above one with a PreferNoSchedule taint it does not tolerate), so
+            # each holds a worker; without it which node gets a worker is the scheduler's tie-break.
+            node["spec"] = {"taints": [{"key": BULK_TAINT, "effect": "PreferNoSchedule"}]}
+        await w.kube.create(NODES, node)
+        w.nodes.append(name)
+    w.victims = [n for n, p in specs if p == 1]
+    progress = Progress(f"N={w.n}: {len(specs)} nodes")
+    while True:
+        listed = await w.kube.list(NODES, label_selector=f"{BENCH_LABEL}={w.ns}")
+        ready = sum(1 for n in listed.items if _node_ready(n))
+        if ready == len(specs):
+            return
+        progress.tick(f"{ready}/{len(specs)} Ready")
+        await asyncio.sleep(0.5)  # KWOK's node heartbeat: no event to wait on more cheaply
+
+
+def _node_ready(node: JsonDict) -> bool:
+    conds = node.get("status", {}).get("conditions", [])
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
+
+
+async def lose_node(kube: Kube, node: str) -> None:
+    """What a dead node looks like (tests/integration/test_restart.py injects it so too): KWOK no
+    longer plays its kubelet, Ready Unknown, the unreachable taints."""
+    await kube.patch(NODES, node, {"metadata": {"annotations": {"kwok.x-k8s.io/node": "lost"}}})
+    got = await kube.get(NODES, node)
+    conds = got["status"]["conditions"]
+    for c in conds:
+        if c["type"] == "Ready":
+            c.update(
+                status="Unknown", reason="NodeStatusUnknown", message="Kubelet stopped posting"
+            )
+    await kube.patch_status(NODES, node, {"status": {"conditions": conds}})
+    taints = [
+        {"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"},
+        {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"},
+    ]
+    await kube.patch(NODES, node, {"spec": {"taints": taints}})
+
+
+async def start_gang(w: World, name: str, mode: str, tracker: JobTracker) -> float:
+    """Creates the gang and waits until every agent runs past the barrier of epoch 0."""
+    t0 = time.monotonic()
+    await w.kube.create(GANGJOBS, gangjob(name, w.ns, w.n, mode), w.ns)
+    progress = Progress(f"N={w.n} {mode} gang starting")
+    n = w.n
+    await milestones(
+        {
+            "barrier": lambda: tracker.barrier_at.get(0),
+            "open": polled(lambda: agents_at(w.s, 0, opened=True) == n),
+        },
+        w.timeout(0.15, 180),
+        progress,
+        lambda: (
+            f"{pods_where(w.s, running)}/{n} Running, "
+            f"{agents_at(w.s, 0, opened=True)}/{n} agents past the barrier"
+        ),
+    )
+    return time.monotonic() - t0
+
+
+async def steady(w: World, tracker: JobTracker, epoch: int) -> None:
+    """Until the gang runs at `epoch` again with nothing left in flight."""
+    n = w.n
+    await milestones(
+        {
+            "barrier": lambda: tracker.barrier_at.get(epoch),
+            "open": polled(lambda: agents_at(w.s, epoch, opened=True) == n),
+            "running": polled(lambda: pods_where(w.s, running) == n),
+        },
+        w.timeout(0.1),
+        Progress(f"N={w.n} settling at epoch {epoch}"),
+        lambda: f"{agents_at(w.s, epoch, opened=True)}/{n} open",
+    )
+    await asyncio.sleep(1.0)  # let the last writes' watch events drain before measuring
+
+
+async def teardown_gang(w: World, name: str) -> None:
+    """The gang and its pods gone quickly: the job orphans its pods, which go in one
+    deletecollection with grace 0 (the garbage collector's ~20 deletes/s would take minutes)."""
+    with contextlib.suppress(NotFound):
+        await w.kube.delete(GANGJOBS, name, w.ns, propagation_policy="Orphan")
+    query = f"labelSelector=gangjob.io/name%3D{name}&gracePeriodSeconds=0"
+    for attempt in range(1, 6):
+        try:
+            await asyncio.to_thread(
+                w.cluster.api, "DELETE", f"/api/v1/namespaces/{w.ns}/pods?{query}", None, 600.0
+            )
+            break
+        except (OSError, http.client.HTTPException) as e:
+            # The apiserver ends a request after 60 s (--request-timeout); 5000 deletes on a
+            # loaded machine can take longer. What it deleted stays deleted: ask for the rest.
+            print(f"  N={w.n} deleting {name}: attempt {attempt} cut short ({e!r}); again",
+                  file=sys.stderr)  # fmt: skip
+    await milestones(
+        {"gone": polled(lambda: not w.s.pods)}, w.timeout(0.1),
+        Progress(f"N={w.n} deleting {name}"), lambda: f"{len(w.s.pods)} pods left",
+    )  # fmt: skip
+
+
+def ensure_cluster(settings: Settings) -> tuple[Cluster, bool]:
+    """The cluster up with the scheduler QPS asked for; whether this run started it."""
+    cluster = Cluster(settings.cluster)
+    want = Options(
+        profile="sim",
+        nodes=1,
+        scheduler_qps=settings.scheduler_qps,
+        endpoint_batch_seconds=settings.endpoint_batch,
+    )
+    if cluster.is_up():
+        opts = cluster.load().get("options", {})
+        wanted = want.to_json()
+        if all(opts.get(k) == wanted[k] for k in ("scheduler_qps", "endpoint_batch_seconds")):
+            return cluster, False
+        print(f"restarting cluster {cluster.name!r} for scheduler QPS "
+              f"{settings.scheduler_qps}, endpoint batching {settings.endpoint_batch}",
+              file=sys.stderr)  # fmt: skip
+        cluster.down(sys.stderr)
+    cluster.up(want, sys.stderr)
+    return cluster, True

@@ -1,0 +1,200 @@
+"""What the benchmark watches, and when it saw it (this process's monotonic clock): the
+GangJob's `status.epoch` and `barrierEpoch` through a watch of its own, the simulated kubelet's
+status writes and its agents' protocol state, and the controller's own metrics. A measurement
+is a set of milestones, each a `Check` that says when it was reached."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from agent.agent import Step
+from benchmarks.common import Progress, cpu_seconds
+from benchmarks.scale.settings import POLL
+from controller.k8s import GANGJOBS, JsonDict, Kube
+from localcluster.simkubelet import SimKubelet
+from localcluster.tools import ControllerProcess
+
+log = logging.getLogger("bench")
+
+
+class JobTracker:
+    """Watches one GangJob; remembers when each value of `status.epoch` and
+    `status.barrierEpoch` was first seen (this process's monotonic clock)."""
+
+    def __init__(self, kube: Kube, ns: str, name: str) -> None:
+        self.kube, self.ns, self.name = kube, ns, name
+        self.job: JsonDict = {}
+        self.epoch_at: dict[int, float] = {}
+        self.barrier_at: dict[int, float] = {}
+
+    @property
+    def status(self) -> JsonDict:
+        st = self.job.get("status")
+        return st if isinstance(st, dict) else {}
+
+    def _seen(self, job: JsonDict) -> None:
+        now = time.monotonic()
+        self.job = job
+        st = self.status
+        if isinstance(st.get("epoch"), int):
+            self.epoch_at.setdefault(st["epoch"], now)
+        if isinstance(st.get("barrierEpoch"), int):
+            self.barrier_at.setdefault(st["barrierEpoch"], now)
+
+    async def run(self) -> None:
+        rv: str | None = None
+        while True:
+            try:
+                if rv is None:
+                    listed = await self.kube.list(
+                        GANGJOBS, self.ns, field_selector=f"metadata.name={self.name}"
+                    )
+                    for item in listed.items:
+                        self._seen(item)
+                    rv = listed.resource_version
+                stream = self.kube.watch(
+                    GANGJOBS, self.ns, field_selector=f"metadata.name={self.name}",
+                    resource_version=rv,
+                )  # fmt: skip
+                async with contextlib.aclosing(stream):
+                    async for ev in stream:
+                        if ev.type in ("ADDED", "MODIFIED"):
+                            self._seen(ev.object)
+                        new_rv = ev.object.get("metadata", {}).get("resourceVersion")
+                        if new_rv:
+                            rv = new_rv
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # a dropped watch under load: list again
+                log.warning("job watch broke (%s); listing again", e)
+                rv = None
+                await asyncio.sleep(0.2)
+
+
+Check = Callable[[], float | None]
+"""A milestone: the monotonic time it was reached, or None while it is not."""
+
+
+def written_after(worker: Any, kind: str, t0: float) -> Check:
+    """The simulated kubelet's `kind` status write for this worker, if it came after `t0` (a
+    worker keeps the marks of its earlier restarts)."""
+
+    def check() -> float | None:
+        t = worker.written.get(kind)
+        return t if t is not None and t > t0 else None
+
+    return check
+
+
+def polled(cond: Callable[[], bool]) -> Check:
+    """A milestone known only by polling: reached at the first poll that finds `cond`."""
+    return lambda: time.monotonic() if cond() else None
+
+
+class NotReached(TimeoutError):
+    """Milestones still missing when their time limit ran out; `reached` has the others."""
+
+    def __init__(self, timeout: float, reached: dict[str, float], missing: list[str], state: str):
+        super().__init__(f"not reached in {timeout:.0f}s: {missing}; {state}")
+        self.timeout, self.reached, self.missing, self.state = timeout, reached, missing, state
+
+
+async def milestones(
+    checks: dict[str, Check], timeout: float, progress: Progress, state: Callable[[], str]
+) -> dict[str, float]:
+    """Polls until every check is reached; returns each one's time."""
+    reached: dict[str, float] = {}
+    deadline = time.monotonic() + timeout
+    while True:
+        for name, check in checks.items():
+            if name not in reached:
+                t = check()
+                if t is not None:
+                    reached[name] = t
+        if len(reached) == len(checks):
+            return reached
+        if time.monotonic() > deadline:
+            raise NotReached(timeout, reached, [n for n in checks if n not in reached], state())
+        progress.tick(state())
+        await asyncio.sleep(POLL)
+
+
+@dataclass
+class CtlSample:
+    cpu: float
+    requests: dict[str, float]
+    share_sum: dict[str, float]
+    share_count: dict[str, float]
+
+    @classmethod
+    def take(cls, ctl: ControllerProcess) -> CtlSample:
+        assert ctl.proc is not None
+        methods = ("GET", "LIST", "WATCH", "POST", "PUT", "PATCH", "DELETE")
+        req = {m: ctl.metric("rest_client_requests_total", {"method": m}) for m in methods}
+        req["all"] = ctl.metric("rest_client_requests_total")
+        steps = ("bump", "barrier")
+        return cls(
+            cpu=cpu_seconds(ctl.proc.pid),
+            requests=req,
+            share_sum={
+                s: ctl.metric("gangjob_restart_controller_seconds_sum", {"step": s}) for s in steps
+            },
+            share_count={
+                s: ctl.metric("gangjob_restart_controller_seconds_count", {"step": s})
+                for s in steps
+            },
+        )
+
+    def since(self, before: CtlSample) -> dict[str, Any]:
+        share: dict[str, float | None] = {}
+        for s, total in self.share_sum.items():
+            n = self.share_count[s] - before.share_count[s]
+            share[s] = round((total - before.share_sum[s]) / n, 3) if n else None
+        return {
+            "cpu_s": round(self.cpu - before.cpu, 2),
+            "requests": {
+                m: int(v - before.requests[m])
+                for m, v in self.requests.items()
+                if v != before.requests[m]
+            },
+            "share_s": share,
+        }
+
+
+def agents_at(sim: SimKubelet, epoch: int, *, opened: bool) -> int:
+    """Workers whose agent arrived at `epoch` (and, with `opened`, saw its barrier open)."""
+    count = 0
+    for wk in sim.workers.values():
+        a = wk.agent
+        if a is None:
+            continue
+        st = a.state
+        if st.epoch != epoch:
+            continue
+        if opened:
+            count += st.barrier_open
+        else:
+            count += st.step in (Step.AT_BARRIER, Step.RUNNING)
+    return count
+
+
+def pods_where(sim: SimKubelet, pred: Callable[[JsonDict], bool]) -> int:
+    return sum(1 for p in sim.pods.values() if pred(p))
+
+
+def uid(p: JsonDict) -> str:
+    """The pod's UID: which pod it is, whatever its name."""
+    return str(p["metadata"]["uid"])
+
+
+def running(p: JsonDict) -> bool:
+    """Running and not terminating."""
+    return bool(p.get("status", {}).get("phase") == "Running") and not p["metadata"].get(
+        "deletionTimestamp"
+    )

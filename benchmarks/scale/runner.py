@@ -1,0 +1,169 @@
+"""One scale run from end to end: per gang size, a namespace, its nodes and a simulated kubelet,
+then each gang (in place, Recreate) started, measured in every mode asked for and torn down;
+the controller runs as a subprocess for the whole run."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+import uuid
+from typing import Any
+
+from agent.apiclient import HttpClient, ssl_context
+from benchmarks.scale.cluster import (
+    World,
+    ensure_cluster,
+    make_nodes,
+    start_gang,
+    steady,
+    teardown_gang,
+)
+from benchmarks.scale.floors import floor
+from benchmarks.scale.observer import CtlSample, JobTracker
+from benchmarks.scale.report import report, report_data, size_table, write_results
+from benchmarks.scale.scenarios import Unfinished, in_place, node_lost, recreate
+from benchmarks.scale.settings import Settings
+from benchmarks.scale.stats import summarize
+from controller.k8s import NAMESPACES, NODES, Kube, NotFound
+from localcluster.cluster import Cluster
+from localcluster.simkubelet import SimKubelet
+from localcluster.tools import ControllerProcess, controller_kubeconfig, install_crd
+
+
+async def run_size(w: World) -> dict[str, Any]:
+    w.ns = f"bench-rs-{w.n}-{uuid.uuid4().hex[:6]}"
+    await w.kube.create(NAMESPACES, {"metadata": {"name": w.ns}})
+    print(f"N={w.n}: namespace {w.ns}", file=sys.stderr)
+    await make_nodes(w)
+    direct = w.ctl.arrival_url
+    w.sim = SimKubelet(
+        w.api, w.ns, restart_delay=w.settings.restart_delay, arrival_url=direct,
+        start_delay=w.settings.start_delay,
+    )  # fmt: skip
+    sim_task = asyncio.create_task(w.sim.run())
+    rows: list[dict[str, Any]] = []
+    startup: dict[str, float] = {}
+    try:
+        gangs = [("ip", "Pod")] if set(w.settings.modes) - {"recreate"} else []
+        if "recreate" in w.settings.modes:
+            gangs.append(("rc", "Recreate"))
+        for gang, mode in gangs:
+            tracker = JobTracker(w.kube, w.ns, gang)
+            track_task = asyncio.create_task(tracker.run())
+            try:
+                cpu0 = CtlSample.take(w.ctl)
+                startup[mode] = round(await start_gang(w, gang, mode, tracker), 2)
+                reqs = CtlSample.take(w.ctl).since(cpu0)["requests"].get("all", 0)
+                print(f"  N={w.n} {mode} gang running in {startup[mode]:.1f}s "
+                      f"({reqs} controller API requests)", file=sys.stderr)  # fmt: skip
+                await steady(w, tracker, 0)
+                try:
+                    await measure_gang(w, tracker, gang, mode, rows)
+                except Unfinished as e:
+                    rows.append(e.row)
+                    print(f"  N={w.n} {e}: no barrier within {e.row['limit_s']}s "
+                          f"(waiting for {e.row['missing']}; {e.row['state']}); the rest "
+                          f"of gang {gang} is skipped", file=sys.stderr)  # fmt: skip
+                await teardown_gang(w, gang)
+            finally:
+                track_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await track_task
+    finally:
+        sim_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sim_task
+        await w.s.close()
+        for node in w.nodes:
+            with contextlib.suppress(NotFound):
+                await w.kube.delete(NODES, node)
+        with contextlib.suppress(NotFound):
+            await w.kube.delete(NAMESPACES, w.ns)
+    return summarize(w, rows, startup)
+
+
+async def measure_gang(
+    w: World, tracker: JobTracker, gang: str, mode: str, rows: list[dict[str, Any]]
+) -> None:
+    """Every measurement asked for on one running gang, appended to `rows` as it is taken."""
+    reps, want, direct = w.settings.reps, w.settings.modes, w.s.arrival_url
+    if mode == "Pod":
+        # The floor first: it times one GangJob write reaching every agent's own
+        # watch, and the agents of a new gang all watch (later ones, restarted with
+        # the endpoint, need not).
+        for rep in range(reps if "floor" in want else 0):
+            rows.append(await floor(w, tracker, rep, gang))
+        # Agents report arrivals to the controller (as deployed)...
+        for rep in range(reps if "in-place" in want else 0):
+            rows.append(await in_place(w, tracker, rep, gang))
+        for rep, node in enumerate(w.victims if "node-lost" in want else []):
+            row = await node_lost(w, tracker, rep, node)
+            if row is not None:
+                rows.append(row)
+        # ... then, side by side, by pod annotation and their own watches (the
+        # agents restarted from here on get no endpoint).
+        w.s.arrival_url = None
+        try:
+            for rep in range(reps if "in-place-annotation" in want else 0):
+                rows.append(await in_place(w, tracker, rep, gang, "in-place-annotation"))
+        finally:
+            w.s.arrival_url = direct  # for the next gang, even after an overrun
+    else:
+        for rep in range(reps):
+            rows.append(await recreate(w, tracker, rep))
+
+
+async def run_on(cluster: Cluster, settings: Settings) -> dict[str, Any]:
+    """Every size on a cluster that is up; returns the report's data."""
+    install_crd(cluster)
+    ctl = ControllerProcess(
+        controller_kubeconfig(cluster), ["--log-level=info"],
+        cluster.logs / "bench-restart-scale-controller.log", arrivals=True,
+    )  # fmt: skip
+    ctl.start()
+    results: list[dict[str, Any]] = []
+    # Thousands of agents share one client: keep enough connections for a burst of arrivals.
+    api = HttpClient(
+        cluster.server,
+        ssl_context=ssl_context(
+            cluster.pki / "ca.crt", cluster.pki / "admin.crt", cluster.pki / "admin.key"
+        ),
+        max_idle=256,
+        request_timeout=60.0,
+    )
+    try:
+        ctl.wait_ready()
+        async with await Kube.from_kubeconfig(cluster.kubeconfig, request_timeout=60) as kube:
+            for n in settings.sizes:
+                print(f"\n== N = {n} ==", file=sys.stderr)
+                w = World(n, settings, cluster, kube, api, ctl)
+                res = await run_size(w)
+                results.append(res)
+                print(f"\n{size_table(res)}\n", file=sys.stderr)
+                # Written after every size: a long run that fails later keeps what it measured.
+                write_results(
+                    settings, report_data(cluster, settings, results), settings.results_dir
+                )
+    finally:
+        ctl.stop()
+        await api.close()
+    return report_data(cluster, settings, results)
+
+
+async def run(settings: Settings) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    # Thousands of agents say the same thing (their gang deleted at teardown): errors only.
+    logging.getLogger("agent").setLevel(logging.ERROR)
+    cluster, started = ensure_cluster(settings)
+    try:
+        data = await run_on(cluster, settings)
+    finally:
+        if started and not settings.keep:
+            cluster.down(sys.stderr)
+    paths = write_results(settings, data, settings.results_dir)
+    print("\n" + report(settings, data, data["results"]))
+    for kind, path in paths.items():
+        print(f"{kind}: {path or '(skipped)'}")
+    return 0

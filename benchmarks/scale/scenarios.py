@@ -1,0 +1,220 @@
+"""The restarts a scale run measures on a running gang, each from its injected failure to every
+worker past the barrier of the new epoch: in-place (a trainer exits 1), node-lost (a worker's
+node dies) and recreate (the same exit in a `Recreate` gang); and what one repetition records,
+finished or not."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from api.v1alpha1 import RestartRecord
+from benchmarks.common import Progress
+from benchmarks.scale.cluster import World, lose_node, steady
+from benchmarks.scale.observer import (
+    Check,
+    CtlSample,
+    JobTracker,
+    NotReached,
+    agents_at,
+    milestones,
+    pods_where,
+    polled,
+    running,
+    uid,
+    written_after,
+)
+from controller.k8s import JsonDict
+
+
+class Unfinished(Exception):
+    """A repetition that overran its limit. Its row says how far it got; the run records it
+    and goes on with the next gang, since this gang's state is no longer known."""
+
+    def __init__(self, row: dict[str, Any]):
+        super().__init__(f"{row['mode']} #{row['rep'] + 1} unfinished")
+        self.row = row
+
+
+def _steps(marks: dict[str, float], order: list[str]) -> dict[str, float]:
+    return {f"{a}->{b}": round(marks[b] - marks[a], 3) for a, b in itertools.pairwise(order)}
+
+
+async def measure_restart(
+    w: World,
+    tracker: JobTracker,
+    mode: str,
+    rep: int,
+    inject: Callable[[], Any],
+    checks: dict[str, Check],
+    order: list[str],
+    timeout: float,
+    state: Callable[[], str],
+) -> dict[str, Any]:
+    """One restart from epoch E to E+1: inject, wait for every milestone, collect numbers."""
+    timeout = w.settings.rep_limit_s or timeout
+    order = ["injected", *order]
+    before = CtlSample.take(w.ctl)
+    t0 = time.monotonic()
+    injected = asyncio.ensure_future(inject())
+    try:
+        marks = await milestones(checks, timeout, Progress(f"N={w.n} {mode} #{rep + 1}"), state)
+    except NotReached as e:
+        injected.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await injected
+        raise Unfinished(unfinished_row(mode, rep, t0, e, order)) from e
+    await injected
+    marks["injected"] = t0
+    w.sample_rss()
+    after = CtlSample.take(w.ctl)
+    last = tracker.status.get("lastRestart") or {}
+    steps = _steps(marks, order)
+    ctl = after.since(before)
+    row: dict[str, Any] = {
+        "mode": mode,
+        "rep": rep,
+        "seconds": round(marks["barrier"] - marks["visible"], 3),
+        "steps": steps,
+        "controller_duration_s": last.get("durationSeconds"),
+        "recreated": RestartRecord.model_validate(last).recreated_ranks(w.n) if last else None,
+        "trigger": (last.get("trigger") or {}).get("class"),
+        "controller": ctl,
+    }
+    print(
+        f"  N={w.n} {mode} #{rep + 1}: {row['seconds']:.2f}s visible->barrier  "
+        + "  ".join(f"{k} {v:.2f}" for k, v in steps.items())
+        + f"  ctl share {ctl['share_s']}  ctl API {ctl['requests'].get('all', 0)}",
+        file=sys.stderr,
+    )
+    return row
+
+
+def unfinished_row(
+    mode: str, rep: int, t0: float, e: NotReached, order: list[str]
+) -> dict[str, Any]:
+    """The row of a repetition that overran: the steps it completed and what it waited for."""
+    marks = {**e.reached, "injected": t0}
+    done = [m for m in order if m in marks]
+    return {
+        "mode": mode,
+        "rep": rep,
+        "unfinished": True,
+        "seconds": None,
+        "limit_s": round(e.timeout, 1),
+        "steps": _steps(marks, done),
+        "missing": e.missing,
+        "state": e.state,
+    }
+
+
+async def in_place(
+    w: World, tracker: JobTracker, rep: int, gang: str, mode: str = "in-place"
+) -> dict[str, Any]:
+    epoch = int(tracker.status.get("epoch", 0))
+    e1, n = epoch + 1, w.n
+    # A worker on a big node, a different one each time.
+    names = sorted(
+        (p["metadata"]["name"] for p in w.s.pods.values()
+         if p["spec"].get("nodeName") not in w.victims),
+        key=lambda s: int(s.rsplit("-", 1)[1]),
+    )  # fmt: skip
+    victim = names[(rep * 7919 + 1) % len(names)]
+    worker = w.s.workers[victim]
+    checks: dict[str, Check] = {
+        "visible": written_after(worker, "restarting", time.monotonic()),
+        "epoch": lambda: tracker.epoch_at.get(e1),
+        "arrived": polled(lambda: agents_at(w.s, e1, opened=False) == n),
+        "barrier": lambda: tracker.barrier_at.get(e1),
+        "open": polled(lambda: agents_at(w.s, e1, opened=True) == n),
+    }
+    row = await measure_restart(
+        w, tracker, mode, rep, lambda: w.s.crash(victim, 1), checks,
+        ["visible", "epoch", "arrived", "barrier", "open"], w.timeout(0.2),
+        lambda: f"epoch {tracker.status.get('epoch')}, {agents_at(w.s, e1, opened=False)}/{n} "
+        f"arrived, {agents_at(w.s, e1, opened=True)}/{n} open",
+    )  # fmt: skip
+    row["worker"] = victim
+    await steady(w, tracker, e1)
+    return row
+
+
+async def node_lost(w: World, tracker: JobTracker, rep: int, node: str) -> dict[str, Any] | None:
+    on_node = [p for p in w.s.pods.values() if p["spec"].get("nodeName") == node]
+    if len(on_node) != 1:
+        print(f"  node {node} holds {len(on_node)} workers: skipped", file=sys.stderr)
+        return None
+    victim, old_uid = on_node[0]["metadata"]["name"], uid(on_node[0])
+    epoch = int(tracker.status.get("epoch", 0))
+    e1, n = epoch + 1, w.n
+    visible: list[float] = []
+
+    async def inject() -> None:
+        w.s.lose(victim)
+        await lose_node(w.kube, node)
+        visible.append(time.monotonic())
+
+    def recreated() -> bool:
+        p = w.s.pods.get(victim)
+        return p is not None and uid(p) != old_uid and running(p)
+
+    checks: dict[str, Check] = {
+        "visible": lambda: visible[0] if visible else None,
+        "epoch": lambda: tracker.epoch_at.get(e1),
+        "recreated": polled(recreated),
+        "arrived": polled(lambda: agents_at(w.s, e1, opened=False) == n),
+        "barrier": lambda: tracker.barrier_at.get(e1),
+        "open": polled(lambda: agents_at(w.s, e1, opened=True) == n),
+    }
+    row = await measure_restart(
+        w, tracker, "node-lost", rep, inject, checks,
+        ["visible", "epoch", "recreated", "arrived", "barrier", "open"], w.timeout(0.2),
+        lambda: f"epoch {tracker.status.get('epoch')}, recreated {recreated()}, "
+        f"{agents_at(w.s, e1, opened=False)}/{n} arrived",
+    )  # fmt: skip
+    row["worker"] = victim
+    await steady(w, tracker, e1)
+    return row
+
+
+async def recreate(w: World, tracker: JobTracker, rep: int) -> dict[str, Any]:
+    epoch = int(tracker.status.get("epoch", 0))
+    e1, n = epoch + 1, w.n
+    old = {uid(p) for p in w.s.pods.values()}
+    names = sorted(w.s.workers, key=lambda s: int(s.rsplit("-", 1)[1]))
+    victim = names[(rep * 7919 + 1) % len(names)]
+    worker = w.s.workers[victim]
+
+    def new(pred: Callable[[JsonDict], bool]) -> Callable[[], bool]:
+        return lambda: pods_where(w.s, lambda p: uid(p) not in old and pred(p)) == n
+
+    checks: dict[str, Check] = {
+        "visible": written_after(worker, "failed", time.monotonic()),
+        "epoch": lambda: tracker.epoch_at.get(e1),
+        "deleted": polled(lambda: pods_where(w.s, lambda p: uid(p) in old) == 0),
+        "scheduled": polled(new(lambda p: bool(p["spec"].get("nodeName")))),
+        "running": polled(new(running)),
+        "arrived": polled(lambda: agents_at(w.s, e1, opened=False) == n),
+        "barrier": lambda: tracker.barrier_at.get(e1),
+        "open": polled(lambda: agents_at(w.s, e1, opened=True) == n),
+    }
+
+    def state() -> str:
+        gone = n - pods_where(w.s, lambda p: uid(p) in old)
+        sched = pods_where(w.s, lambda p: uid(p) not in old and bool(p["spec"].get("nodeName")))
+        run = pods_where(w.s, lambda p: uid(p) not in old and running(p))
+        return f"{gone}/{n} old gone, {sched}/{n} scheduled, {run}/{n} Running"
+
+    row = await measure_restart(
+        w, tracker, "recreate", rep, lambda: w.s.crash(victim, 1), checks,
+        ["visible", "epoch", "deleted", "scheduled", "running", "arrived", "barrier", "open"],
+        w.timeout(0.2, 180), state,
+    )  # fmt: skip
+    row["worker"] = victim
+    await steady(w, tracker, e1)
+    return row
