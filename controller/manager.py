@@ -300,6 +300,7 @@ class Manager:
         # Everything the caches hold now, once: events before we led were not acted upon.
         for key in self.jobs.keys():  # noqa: SIM118 (a Store, not a dict)
             self.queue.add(key)
+        metrics.MAX_CONCURRENT_RECONCILES.labels(CONTROLLER_NAME).set(self.settings.workers)
         workers = [asyncio.create_task(self._worker()) for _ in range(self.settings.workers)]
         try:
             await asyncio.gather(*workers)

@@ -137,6 +137,7 @@ async def test_gang_of_4_runs_with_its_pods_and_headless_service(
     assert out.split("\n")[0].split() == ["NAME", "PHASE", "READY", "EPOCH", "RESTARTS", "AGE"]
     assert out.split("\n")[1].split()[:4] == ["ddp", "Running", "4", "0"]
     assert controller.metric("controller_runtime_reconcile_total") > 0
+    assert controller.metric("controller_runtime_max_concurrent_reconciles") >= 1
 
 
 @pytest.mark.parametrize(("policy", "finish"), [("All", [0, 1, 2]), ("Rank0", [0])])
