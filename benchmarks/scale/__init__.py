@@ -15,8 +15,13 @@ kubelet's part of a KEP-5532 whole-pod restart with the measured ~2 s delay):
   and recreated elsewhere, the rest restart in place;
 - recreate: the same failure in a `Recreate` gang: every pod deleted, recreated, scheduled,
   Running, arrived, barrier open;
-- floor: what the protocol cannot avoid, by a bare client: N merge-patches of one pod
-  annotation (32 in flight) and one write of the GangJob seen by all N agents' watches.
+- in-place-annotation: in-place with arrival by pod annotation and each agent's own watch;
+- floor: the protocol's physical limit in place, the real pieces minus the controller's
+  decisions: this process writes `status.epoch` = E+1; the time until every agent saw it,
+  every pod restarted and every arrival report was accepted, plus the barrier write seen by
+  every agent (benchmarks.scale.floors says exactly what is and is not counted);
+- annotation-floor: by a bare client, N merge-patches of one pod annotation (32 in flight) and
+  one write of the GangJob seen by all N agents' own watches.
 
 Each is repeated (median and p90), with the controller's own share (its metric
 `gangjob_restart_controller_seconds`: watch event -> status write returned), its CPU and RSS,

@@ -1,5 +1,19 @@
-"""The floor: what the protocol cannot avoid, measured by a bare client on a running gang, as
-the reference its restarts are held against."""
+"""The floors a scale run holds its restarts against, each measured on the running in-place
+gang.
+
+floor: the protocol's physical limit in place, with the real pieces and without the controller's
+decisions. One GangJob write of `status.epoch` seen by every agent, the kubelet's restart of
+every pod (the simulated kubelet's restart delay), every agent's arrival report accepted by the
+controller's endpoint, and one write of `status.barrierEpoch` seen by every agent. This process
+writes the epoch itself, so no failure is detected, classified or decided on; everything after
+that write is the deployed path (the controller's cache fans the write out on the agents' report
+streams; the simulated kubelet restarts the pods; the agents report to the endpoint), except that
+the time from the last report accepted to the barrier write seen in a watch, the controller's
+barrier decision, is not counted.
+
+annotation-floor: N pod annotation patches by a bare client and one GangJob write seen by every
+agent's own watch: the least that arrival by annotation costs.
+"""
 
 from __future__ import annotations
 
@@ -10,20 +24,75 @@ from typing import Any
 
 from agent.apiclient import ApiError
 from benchmarks.common import Progress
-from benchmarks.scale.cluster import World
-from benchmarks.scale.observer import CtlSample, JobTracker, milestones, polled
-from benchmarks.scale.settings import FLOOR_CONCURRENCY
+from benchmarks.scale.cluster import World, steady
+from benchmarks.scale.observer import Check, CtlSample, JobTracker, agents_at, milestones, polled
+from benchmarks.scale.scenarios import Span, measure_restart
+from benchmarks.scale.settings import ANNOTATION_FLOOR_CONCURRENCY
 from controller.k8s import GANGJOBS
+
+FLOOR_SPAN = Span(
+    "epoch write->arrived + barrier->open",
+    lambda m: (m["arrived"] - m["injected"]) + (m["open"] - max(m["barrier"], m["arrived"])),
+)
+"""floor's seconds: its milestones but the gap from the last report accepted to the barrier
+write seen (a poll may see the last arrival after the barrier: no gap then, and no overlap)."""
 
 
 async def floor(w: World, tracker: JobTracker, rep: int, gang: str) -> dict[str, Any]:
-    """The physical reference: N pod annotation patches and one GangJob write seen by N
-    watchers, by a bare client (the same shared HTTP client the agents use)."""
+    """One in-place restart of the gang from epoch E to E+1, raised by writing `status.epoch`
+    here: milestones `seen` (every agent saw E+1, through its report's stream or its watch),
+    `restarted` (every pod restarted in place: its new agent runs), `arrived` (every report at
+    E+1 accepted), `barrier` (`barrierEpoch` E+1 seen in this process's watch), `open` (every
+    agent saw the barrier open)."""
+    epoch = int(tracker.status.get("epoch", 0))
+    e1, n = epoch + 1, w.n
+    before = {name: wk.agent for name, wk in w.s.workers.items()}
+
+    def saw() -> int:
+        """Agents of epoch E that saw E+1 (what they saw last stays with them once ended)."""
+        return sum(
+            1 for agent in before.values()
+            if agent is not None and agent.job is not None and agent.job.epoch >= e1
+        )  # fmt: skip
+
+    def restarted() -> int:
+        """Pods whose agent of epoch E has been replaced by a new one."""
+        return sum(
+            1 for name, agent in before.items()
+            if (wk := w.s.workers.get(name)) is not None and wk.agent not in (None, agent)
+        )  # fmt: skip
+
+    async def write_epoch() -> None:
+        await w.kube.patch_status(GANGJOBS, gang, {"status": {"epoch": e1}}, w.ns)
+
+    checks: dict[str, Check] = {
+        "seen": polled(lambda: saw() == n),
+        "restarted": polled(lambda: restarted() == n),
+        "arrived": polled(lambda: agents_at(w.s, e1, opened=False) == n),
+        "barrier": lambda: tracker.barrier_at.get(e1),
+        "open": polled(lambda: agents_at(w.s, e1, opened=True) == n),
+    }
+    row = await measure_restart(
+        w, tracker, "floor", rep, write_epoch, checks,
+        ["seen", "restarted", "arrived", "barrier", "open"], w.timeout(0.2),
+        lambda: f"{saw()}/{n} saw epoch {e1}, {restarted()}/{n} restarted, "
+        f"{agents_at(w.s, e1, opened=False)}/{n} arrived, "
+        f"{agents_at(w.s, e1, opened=True)}/{n} open",
+        span=FLOOR_SPAN,
+    )  # fmt: skip
+    await steady(w, tracker, e1)
+    return row
+
+
+async def annotation_floor(w: World, tracker: JobTracker, rep: int, gang: str) -> dict[str, Any]:
+    """N pod annotation patches and one GangJob write seen by N agents' own watches, by a bare
+    client (the same shared HTTP client the agents use): what arrival by annotation costs at
+    the least."""
     names = list(w.s.pods)
-    slots = asyncio.Semaphore(FLOOR_CONCURRENCY)
+    slots = asyncio.Semaphore(ANNOTATION_FLOOR_CONCURRENCY)
     path = f"/api/v1/namespaces/{w.ns}/pods"
     body = {"metadata": {"annotations": {"bench.gangjob.io/floor": str(rep)}}}
-    progress = Progress(f"N={w.n} floor #{rep + 1}")
+    progress = Progress(f"N={w.n} annotation-floor #{rep + 1}")
     done = 0
 
     async def one(name: str) -> None:
@@ -61,7 +130,7 @@ async def floor(w: World, tracker: JobTracker, rep: int, gang: str) -> dict[str,
     )  # fmt: skip
     after = CtlSample.take(w.ctl)
     row = {
-        "mode": "floor",
+        "mode": "annotation-floor",
         "rep": rep,
         "seconds": round(marks["seen"] - t0, 3),
         "steps": {
@@ -70,5 +139,6 @@ async def floor(w: World, tracker: JobTracker, rep: int, gang: str) -> dict[str,
         },
         "controller": after.since(before),
     }
-    print(f"  N={w.n} floor #{rep + 1}: {row['seconds']:.2f}s {row['steps']}", file=sys.stderr)
+    print(f"  N={w.n} annotation-floor #{rep + 1}: {row['seconds']:.2f}s {row['steps']}",
+          file=sys.stderr)  # fmt: skip
     return row

@@ -20,7 +20,7 @@ from benchmarks.scale.cluster import (
     steady,
     teardown_gang,
 )
-from benchmarks.scale.floors import floor
+from benchmarks.scale.floors import annotation_floor, floor
 from benchmarks.scale.observer import CtlSample, JobTracker
 from benchmarks.scale.report import report, report_data, size_table, write_results
 from benchmarks.scale.scenarios import Unfinished, in_place, node_lost, recreate
@@ -90,14 +90,18 @@ async def measure_gang(
     """Every measurement asked for on one running gang, appended to `rows` as it is taken."""
     reps, want, direct = w.settings.reps, w.settings.modes, w.s.arrival_url
     if mode == "Pod":
-        # The floor first: it times one GangJob write reaching every agent's own
-        # watch, and the agents of a new gang all watch (later ones, restarted with
-        # the endpoint, need not).
-        for rep in range(reps if "floor" in want else 0):
-            rows.append(await floor(w, tracker, rep, gang))
+        # annotation-floor first: it times one GangJob write reaching every agent's own
+        # watch, and the agents of a new gang all watch (later ones, restarted with the
+        # endpoint, need not).
+        for rep in range(reps if "annotation-floor" in want else 0):
+            rows.append(await annotation_floor(w, tracker, rep, gang))
         # Agents report arrivals to the controller (as deployed)...
         for rep in range(reps if "in-place" in want else 0):
             rows.append(await in_place(w, tracker, rep, gang))
+        # ... the floor after them: its agents then hear of the gang through their report's
+        # stream alone, as deployed ...
+        for rep in range(reps if "floor" in want else 0):
+            rows.append(await floor(w, tracker, rep, gang))
         for rep, node in enumerate(w.victims if "node-lost" in want else []):
             row = await node_lost(w, tracker, rep, node)
             if row is not None:

@@ -7,11 +7,11 @@ from pathlib import Path
 
 from benchmarks.common import RESULTS
 
-MODES = ("in-place", "in-place-annotation", "node-lost", "recreate", "floor")
+MODES = ("in-place", "in-place-annotation", "node-lost", "recreate", "floor", "annotation-floor")
 """Every measurement, in the order the report lists them."""
 PODS_PER_NODE = 250
-FLOOR_CONCURRENCY = 32
-"""floor: pod annotation patches in flight at once."""
+ANNOTATION_FLOOR_CONCURRENCY = 32
+"""annotation-floor: pod annotation patches in flight at once."""
 BENCH_LABEL = "gangjob-bench"
 BULK_TAINT = "gangjob-bench/bulk"
 POLL = 0.05

@@ -1,6 +1,6 @@
 """The figures of one gang size: per mode, the median and p90 (nearest rank) of the restart
 time, of each step and of the controller's share, CPU and API requests, over the repetitions
-that finished; and Recreate against in place."""
+that finished; Recreate against in place, and in place against its floor."""
 
 from __future__ import annotations
 
@@ -62,12 +62,25 @@ def summarize(w: World, rows: list[dict[str, Any]], startup: dict[str, float]) -
         return None
 
     ratio, ratio_annotation = over("in-place"), over("in-place-annotation")
+    # floor runs to every agent past the barrier: the in-place restart is held against it over
+    # the same span, from the failure visible to every agent's barrier open.
+    to_open = _stat(
+        r["seconds"] + r["steps"]["barrier->open"]
+        for r in rows
+        if r["mode"] == "in-place" and not r.get("unfinished")
+    )
+    fl = (modes.get("floor") or {}).get("seconds")
+    above_floor = (
+        round(to_open["median"] / fl["median"], 2) if to_open and fl and fl["median"] else None
+    )
     return {
         "workers": w.n,
         "startup_s": startup,
         "modes": modes,
         "recreate_over_in_place": ratio,
         "recreate_over_in_place_annotation": ratio_annotation,
+        "in_place_to_open_s": to_open,
+        "in_place_over_floor": above_floor,
         "controller_rss_max_mib": round(w.rss_max, 1),
         "runs": rows,
     }

@@ -41,6 +41,14 @@ async def test_restart_scale_runs_every_mode_and_writes_a_report(
     assert in_place["controller_share_s"]["bump"] is not None
     assert in_place["controller_share_s"]["barrier"] is not None
     assert in_place["api_requests"]["median"] > 0
+    floor = res["modes"]["floor"]
+    assert set(floor["steps"]) == {
+        "injected->seen", "seen->restarted", "restarted->arrived", "arrived->barrier",
+        "barrier->open",
+    }  # fmt: skip
+    assert floor["controller_share_s"]["bump"] is None  # no failure: the bench raised the epoch
+    assert res["in_place_to_open_s"]["median"] >= in_place["seconds"]["median"]
+    assert res["in_place_over_floor"] > 0
     assert res["recreate_over_in_place"] > 0
     assert res["recreate_over_in_place_annotation"] > 0
     assert res["controller_rss_max_mib"] > 0
@@ -55,6 +63,8 @@ async def test_restart_scale_runs_every_mode_and_writes_a_report(
     md = report(settings, data, data["results"])
     assert "## N = 3" in md
     assert "| in-place | 1 |" in md
+    assert f"| in-place / floor {res['in_place_over_floor']}x |" in md
+    assert f"| Recreate / in-place {res['recreate_over_in_place']}x |" in md
     assert "goal >= 15x" in md
     png = paths["png"]
     if png is not None:  # matplotlib is the optional `bench` extra
