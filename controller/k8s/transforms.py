@@ -31,7 +31,7 @@ _RESOURCES = ("requests", "limits")
 _CONTAINER_STATUS = ("name", "restartCount", "ready", "started", "allocatedResourcesStatus")
 _CONTAINER_STATE = ("terminated", "running", "waiting")
 _STATE_DETAIL = ("exitCode", "reason", "finishedAt")
-_POD_CONDITION = ("type", "status", "reason")
+_POD_CONDITION = ("type", "status", "reason", "lastTransitionTime")
 _POD_STATUS = ("phase", "reason", "message")
 
 # NodeView: taints, unschedulable; condition statuses, resources and declared features.

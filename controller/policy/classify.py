@@ -27,6 +27,7 @@ from api.v1alpha1 import (
 from controller.policy.views import ContainerView, NodeView, PodView
 
 POD_FAILED: Final = "Failed"
+POD_SUCCEEDED: Final = "Succeeded"
 
 # Pod conditions (core/v1) and the kubelet's own reasons.
 ALL_CONTAINERS_RESTARTING: Final = "AllContainersRestarting"
@@ -310,13 +311,32 @@ def _after_barrier(ctx: Context, finished_at: datetime | None) -> bool:
     return finished_at > opened + CLOCK_SKEW_MARGIN
 
 
-def _since_barrier(ctx: Context, finished_at: datetime | None) -> bool:
-    """Whether a container ended since the barrier of the epoch opened. Whole seconds, as the
-    kubelet writes them: an end in the barrier's own second counts."""
+def _of_this_epoch(ctx: Context, pod: PodView, at: datetime | None, *, same_second: bool) -> bool:
+    """Whether a restart signal that a worker at the gang's epoch shows (its trainer terminated,
+    the pod condition `AllContainersRestarting`; `at` = when, by the kubelet's clock) is a
+    failure at the epoch, and not the whole-pod restart that brought the worker to it.
+
+    Only `Pod` mode restarts pods in place, and the kubelet writes a restart's statuses
+    asynchronously: the worker's arrival (its annotation, or its report) can overtake them, so
+    its status may still show that restart. A trainer cannot run at an epoch before the
+    epoch's barrier opens (the barrier probe holds it back), so before then such a signal is
+    that restart, and after it only a signal from after the barrier opened is new. Any later
+    restart of the pod starts another agent, which reports the failure itself (`exit`), so a
+    signal judged old is never the only trace of a failure. Without a time (not what a
+    kubelet writes), a worker the arrival book proved restarted (`pod.restarted`) is judged
+    old, another as before: a failure."""
+    if ctx.mode is not RestartMode.POD or pod.phase in (POD_FAILED, POD_SUCCEEDED):
+        return True  # no restart in place: nothing stale to explain
     opened = ctx.barrier_opened_at
-    if not ctx.barrier_open or opened is None or finished_at is None:
+    if not ctx.barrier_open or opened is None:
         return False
-    return finished_at >= opened.replace(microsecond=0)
+    if at is None:
+        return not pod.restarted
+    # Whole seconds, as the kubelet writes them. A trainer's exit in the barrier's own second
+    # is new (it could not have ended before the barrier it waited for); a condition of that
+    # second may be the restart the last arrival came back from.
+    second = opened.replace(microsecond=0)
+    return at >= second if same_second else at > second
 
 
 def _exit_signals(s: _Signals, ctx: Context, pod: PodView) -> None:
@@ -325,7 +345,7 @@ def _exit_signals(s: _Signals, ctx: Context, pod: PodView) -> None:
         trainer is not None
         and trainer.state == "terminated"
         and trainer.exit_code != 0
-        and (not pod.restarted or _since_barrier(ctx, trainer.finished_at))
+        and _of_this_epoch(ctx, pod, trainer.finished_at, same_second=True)
     ):
         code = _real_code(trainer.exit_code, trainer.reason)
         s.exit(
@@ -344,12 +364,8 @@ def _exit_signals(s: _Signals, ctx: Context, pod: PodView) -> None:
                 code,
                 f"trainer exited {how} at epoch {epoch} (reported by the agent)",
             )
-    # A worker proven restarted to the epoch (`pod.restarted`) may still show that very restart
-    # in a status the kubelet has not rewritten yet: its condition and its trainer's exit are
-    # then no failure. A trainer cannot run at the epoch before its barrier opens, so only an
-    # exit since then counts; any later restart of the pod starts another agent, which reports
-    # the failure itself (`reported_exit`).
-    if all_containers_restarting(pod) and not pod.restarted:
+    since = pod.condition_times.get(ALL_CONTAINERS_RESTARTING)
+    if all_containers_restarting(pod) and _of_this_epoch(ctx, pod, since, same_second=False):
         s.exit(
             FailureClass.PROCESS_EXIT,
             ctx.trainer,
@@ -387,7 +403,7 @@ def all_containers_restarting(pod: PodView) -> bool:
 
 
 def _cannot_restart_in_place(ctx: Context, pod: PodView) -> bool:
-    if pod.terminating or pod.phase == POD_FAILED or pod.phase == "Succeeded":
+    if pod.terminating or pod.phase in (POD_FAILED, POD_SUCCEEDED):
         return True
     # In `Process` mode the trainer's container *is* the agent: dead, nothing restarts it.
     trainer = pod.container(ctx.trainer)

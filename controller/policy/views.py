@@ -229,6 +229,8 @@ class PodView:
     for `Pod` mode without any was stripped by an apiserver with the gates off."""
     restart_mode: str | None = None
     """The `gangjob.io/restart-mode` annotation: the mode the pod was built for."""
+    condition_times: Mapping[str, datetime] = field(default_factory=dict)
+    """Pod condition type -> its `lastTransitionTime` (the kubelet's clock, whole seconds)."""
     restarted: bool = False
     """Not read from the pod: the controller's arrival book proved that the agent which reported
     `arrived_epoch` started after the pod's restart to it (controller.arrivals.book), so the
@@ -252,11 +254,15 @@ class PodView:
         labels = _str_dict(metadata.get("labels"))
         annotations = _str_dict(metadata.get("annotations"))
         conditions: dict[str, tuple[str, str | None]] = {}
+        condition_times: dict[str, datetime] = {}
         for condition in _list(status.get("conditions")):
             condition = _mapping(condition)
             type_, cond_status = condition.get("type"), condition.get("status")
             if isinstance(type_, str) and isinstance(cond_status, str):
                 conditions[type_] = (cond_status, _str_or_none(condition.get("reason")))
+                since = parse_time(condition.get("lastTransitionTime"))
+                if since is not None:
+                    condition_times[type_] = since
         controller_uid = next(
             (
                 _str_or_none(ref.get("uid"))
@@ -284,6 +290,7 @@ class PodView:
             message=_str_or_none(status.get("message")),
             ready=conditions.get("Ready", ("",))[0] == "True",
             conditions=conditions,
+            condition_times=condition_times,
             containers=tuple(
                 ContainerView.from_status(_mapping(c))
                 for c in _list(status.get("containerStatuses"))

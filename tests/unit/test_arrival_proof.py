@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -98,19 +99,23 @@ def test_a_proven_report_counts_while_the_cache_shows_the_restart() -> None:
     assert (later.arrived_epoch, later.restarted) == (2, False)
 
 
-def context(barrier_open: bool) -> classify.Context:
+def context(barrier_open: bool, mode: RestartMode = RestartMode.POD) -> classify.Context:
+    """Epoch 1; its barrier open since NOW, or still closed (the previous one open since T0)."""
     job = make_job(replicas=1)
     opened = NOW if barrier_open else T0
-    return classify.Context.of(job, RestartMode.POD, 1, 1 if barrier_open else 0, opened)
+    return classify.Context.of(job, mode, 1, 1 if barrier_open else 0, opened)
 
 
-def restarting_pod(finished: str, **kw: Any) -> PodView:
-    """Rank 0 at epoch 1, its cached status still showing the whole-pod restart to epoch 1."""
+def restarting_pod(at: str | None, **kw: Any) -> PodView:
+    """Rank 0 at epoch 1, its status showing a whole-pod restart whose trainer exit and
+    condition date from `at` (None: no times)."""
     pod = make_pod(0, epoch=1)
-    pod["status"]["conditions"].append({"type": "AllContainersRestarting", "status": "True"})
-    pod["status"]["containerStatuses"][0]["state"] = {
-        "terminated": {"exitCode": 137, "reason": "RestartingAllContainers", "finishedAt": finished}
-    }
+    condition = {"type": "AllContainersRestarting", "status": "True"}
+    terminated = {"exitCode": 137, "reason": "RestartingAllContainers"}
+    if at is not None:
+        condition["lastTransitionTime"] = terminated["finishedAt"] = at
+    pod["status"]["conditions"].append(condition)
+    pod["status"]["containerStatuses"][0]["state"] = {"terminated": terminated}
     v = PodView.from_pod(pod)
     return v.__class__(**{**v.__dict__, **kw})
 
@@ -119,19 +124,46 @@ def stamp(at: Any) -> str:
     return str(at.strftime("%Y-%m-%dT%H:%M:%SZ"))
 
 
-def test_a_proven_worker_shows_no_failure_from_the_restart_it_came_back_from() -> None:
+BEFORE = stamp(NOW - timedelta(seconds=3))  # the restart that brought the worker to epoch 1
+AFTER = stamp(NOW + timedelta(seconds=2))  # a restart of the worker at epoch 1
+
+
+@pytest.mark.parametrize(
+    ("barrier_open", "at", "restarted", "failure"),
+    [
+        # Before its barrier opens no trainer ran at the epoch: the status shows the restart
+        # that brought the worker there, whatever channel its arrival took.
+        (False, BEFORE, False, False),
+        (False, BEFORE, True, False),
+        (False, None, False, False),
+        # After it opens, only a restart since then is a failure at the epoch.
+        (True, BEFORE, False, False),
+        (True, BEFORE, True, False),
+        (True, AFTER, False, True),
+        (True, AFTER, True, True),
+        # No times in the status: the arrival book's proof decides.
+        (True, None, False, True),
+        (True, None, True, False),
+    ],
+)
+def test_a_worker_shows_no_failure_from_the_restart_it_came_back_from(
+    barrier_open: bool, at: str | None, restarted: bool, failure: bool
+) -> None:
     node = NodeView.from_node(make_node())
-    before = stamp(NOW - timedelta(seconds=3))
-    # Unproven, the stale status reads as a failure at epoch 1, as it always did.
-    assert classify.detect(context(False), 0, restarting_pod(before), node) is not None
-    # Proven: no failure, before the barrier opens and after it.
-    assert classify.detect(context(False), 0, restarting_pod(before, restarted=True), node) is None
-    assert classify.detect(context(True), 0, restarting_pod(before, restarted=True), node) is None
-    # A trainer that ended since the barrier opened is a failure at the epoch, proven or not.
-    after = restarting_pod(stamp(NOW + timedelta(seconds=1)), restarted=True)
-    failure = classify.detect(context(True), 0, after, node)
-    assert failure is not None
-    assert failure.failure_class == "ProcessExit"
+    pod = restarting_pod(at, restarted=restarted)
+    found = classify.detect(context(barrier_open), 0, pod, node)
+    assert (found is not None) == failure
+    if found is not None:
+        assert found.failure_class == "ProcessExit"
+
+
+@pytest.mark.parametrize("mode", [RestartMode.PROCESS, RestartMode.RECREATE])
+def test_without_in_place_pod_restarts_a_dead_trainer_is_a_failure_at_once(
+    mode: RestartMode,
+) -> None:
+    # No kubelet restarts these pods in place: nothing stale to explain, even before a barrier.
+    node = NodeView.from_node(make_node())
+    assert classify.detect(context(False, mode), 0, restarting_pod(BEFORE), node) is not None
 
 
 # --- the book and plan agree on when the barrier opens ----------------------------------------

@@ -219,6 +219,9 @@ def test_backoff_holds_the_barrier_over_a_waiting_failure() -> None:
     status = restarting_status(detected=GANG_NOW - timedelta(seconds=1))
     pods = [worker(0, 1), worker(1, 1)]
     pods[1]["status"]["conditions"].append({"type": "AllContainersRestarting", "status": "True"})
+    # Its agent, restarted with the pod, says so: the status alone could be the restart that
+    # brought it to epoch 1, which the kubelet may not have rewritten yet.
+    pods[1]["metadata"]["annotations"]["gangjob.io/exit"] = "1:-1"
     result = plan(gang(replicas=2, status=status, pods=pods, restart={"backoffSeconds": 30}))
     assert result.status.epoch == 1
     assert result.status.barrier_epoch == 0
@@ -257,6 +260,7 @@ def test_history_keeps_the_last_restarts_oldest_dropped() -> None:
 def test_a_restart_superseded_before_its_barrier_stays_in_the_history() -> None:
     status = restarting_status()
     pods = [worker(0, 1), crashed(worker(1, 1)), worker(2, 0)]
+    pods[1]["metadata"]["annotations"]["gangjob.io/exit"] = "1:-1"  # its restarted agent's word
     result = plan(gang(status=status, pods=pods))
     assert result.status.epoch == 2
     assert [(r.epoch, r.barrier_open_at) for r in result.status.history] == [(1, None)]
