@@ -1,4 +1,4 @@
-"""The agent's state machine, in both restart modes (DESIGN.md section 3): choose the epoch to
+"""The agent's state machine, in both restart modes (docs/design.md section 3): choose the epoch to
 arrive at, arrive, wait at the barrier, then in `Pod` mode open the probe and exit with
 `RESTART_EXIT_CODE` when the gang moves on, in `Process` mode run the trainer and restart it
 in place at each new epoch.
@@ -27,7 +27,7 @@ from agent.config import Config
 from agent.direct import DirectArrival, Streamer
 from agent.probe import ProbeServer
 from agent.protocol import Backoff, Barrier, JobState, arrived_epoch, barrier, target_epoch
-from agent.trainer import Trainer
+from agent.trainer import Trainer, TrainerFactory, TrainerRun
 from agent.watch import JobWatcher
 from api.constants import (
     ENV_DIR,
@@ -100,7 +100,10 @@ class Agent:
         env: Mapping[str, str] | None = None,
         logger: logging.Logger | None = None,
         adopts_orphans: bool = False,
+        trainer_factory: TrainerFactory | None = None,
     ) -> None:
+        """`trainer_factory` makes each `Process`-mode trainer run (default: a `Trainer`
+        process of `command`)."""
         if mode is Mode.PROCESS and not command:
             raise ValueError("Process mode needs the trainer's command")
         self.config = config
@@ -108,6 +111,7 @@ class Agent:
         self.command = list(command)
         # `Process` mode: every child left after a trainer run is the run's (see Trainer).
         self.adopts_orphans = adopts_orphans
+        self._new_trainer: TrainerFactory = trainer_factory or self._trainer_process
         self._api = api
         self._env = dict(os.environ if env is None else env)
         self.log = logging.LoggerAdapter(
@@ -137,7 +141,7 @@ class Agent:
         self._stop = asyncio.Event()
         self._probe: ProbeServer | None = None
         self._probe_ready = asyncio.Event()
-        self._trainer: Trainer | None = None
+        self._trainer: TrainerRun | None = None
         self._watch_task: asyncio.Task[None] | None = None
         self._stop_task: asyncio.Task[bool] | None = None
 
@@ -303,13 +307,16 @@ class Agent:
         assert state is not None  # set before any wait on it returned
         return state
 
+    def _trainer_process(self, argv: Sequence[str], env: Mapping[str, str]) -> TrainerRun:
+        return Trainer(argv, env, adopts=self.adopts_orphans)
+
     async def _run_trainer(self, target: int) -> tuple[JobState | None, int]:
         """Runs the trainer at `target` until it exits (None, code), or the gang moves on and it
         is stopped (the new job state, its code)."""
         env = dict(self._env)
         env[ENV_EPOCH] = str(target)
         env[ENV_DIR] = str(self.config.dir)
-        trainer = Trainer(self.command, env, adopts=self.adopts_orphans)
+        trainer = self._new_trainer(self.command, env)
         self._trainer = trainer
         await trainer.start()
         runs = self._state.trainer_runs + 1

@@ -16,9 +16,28 @@ import ctypes
 import os
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
 
 from agent.protocol import exit_status
+
+
+class TrainerRun(Protocol):
+    """What the agent needs of one trainer run: `Trainer` is the real process; a simulation
+    running thousands of agents in one process stands in an object of its own."""
+
+    @property
+    def pid(self) -> int | None: ...
+
+    async def start(self) -> None: ...
+
+    async def wait(self) -> int: ...
+
+    async def stop(self, grace: float) -> int: ...
+
+
+TrainerFactory = Callable[[Sequence[str], Mapping[str, str]], TrainerRun]
+"""Makes one trainer run from the command and its environment."""
 
 
 class Trainer:
