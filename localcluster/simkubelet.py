@@ -2,25 +2,48 @@
 this process, and plays the kubelet's part of the restart protocol.
 
 KWOK brings pods to Running; it knows nothing of restart rules. This class adds what the real
-kubelet 1.36 does (LOCALCLUSTER.md, measured on a real node):
+kubelet 1.36 does:
+- a whole-pod restart (KEP-5532: a `Pod`-mode agent exits with the restart code, or a trainer
+  with a code of its `RestartAllContainers` rule) runs on the node's own timeline, whether or
+  not the status writes saying so have landed: the agent ends; `restart_stop_delay` later every
+  container has stopped and starts again; `restart_delay` after the exit the new agent runs.
+  The statuses: condition `AllContainersRestarting` and Ready False, every container's
+  restartCount +1 with the synthetic lastState `{exitCode: 137, reason:
+  RestartingAllContainers}`; then the condition gone, the containers waiting; then running;
+- the statuses go to the apiserver as the kubelet's status manager sends them
+  (`localcluster.simstatus`): asynchronously, only a pod's latest, retried, for its UID;
+  `Worker.written` says when each became visible;
+- a new pod's agent starts `start_delay` after KWOK reports it Running, so that recreating a
+  pod is charged the kubelet's part as restarting one is;
+- a trainer exit code outside the rule leaves the trainer terminated with that code and the
+  pod Failed;
+- `Process` mode runs the real agent with `SimTrainer` runs for its trainer (no process, so
+  thousands fit): `crash` ends the running one with a code; the agent's own exit ends the
+  trainer container and the pod (Succeeded on 0, else Failed);
 - a terminating pod labelled `SIMULATED_KUBELET_LABEL` is removed by a delete for its UID once
   its agent is stopped (KWOK, which deletes by name, is told to leave such pods alone: its late
   deletes removed recreated pods of the same name);
-- a Pod-mode agent that exits with the restart code, or a trainer that exits with a code of
-  its `RestartAllContainers` rule, restarts the whole pod in place: condition
-  `AllContainersRestarting` and Ready False at once, every container's restartCount +1 with
-  the synthetic lastState `{exitCode: 137, reason: RestartingAllContainers}`, and after
-  `restart_delay` (about 2 s on the real node) the containers run again and a new agent starts;
-- a new pod's agent starts `start_delay` after KWOK reports it Running (the real node takes
-  1.1-1.5 s from bind to a running container: sandbox, network, container start), so that
-  recreating a pod is charged the kubelet's part as restarting one is;
-- a trainer exit code outside the rule leaves the trainer terminated with that code and the
-  pod Failed;
-- `Process` mode runs the agent with a stand-in trainer process that exits when told to;
 - with `arrival_url` (the controller's arrival endpoint), each pod gets a token bound to it for
   the audience `gangjob.io/arrival` by a TokenRequest, as the kubelet mounts a projected token,
   and its agent reports there.
 Many agents share one HTTP client, so a benchmark can run thousands in one process.
+
+The delays, measured on the real node (`python -m benchmarks.kubelet_timing --restarts 5`:
+kubelet 1.36.2 and containerd, the `node` profile, 3 `Pod`-mode workers, on a shared 2-core
+machine; an agent runs from its first log line as containerd stamps it). Two runs:
+- exit -> next agent: 1.92 s and 1.97 s median after an agent's exit (1.64-2.35 s, 20
+  samples), 1.44 s and 1.54 s after a trainer's (1.25-2.10 s, 10): `restart_delay` 2.0;
+- exit -> the pod's restart condition gone: 1.11 s and 1.17 s median (0.81-1.47 s, 30), 0.4-1.2
+  s before the next agent ran: `STOP_SHARE` 0.55 of `restart_delay`;
+- pod bound -> its agent: 1.45 s and 2.64 s median (1.23-2.71 s, 6): `start_delay` 1.3.
+Under heavy load (load average near 5) the agent's own start stretches: a restart took 3.7 s
+median (up to 7.9 s), a start 3.4 s, and the restart condition went 1.6-6.4 s before the next
+agent ran.
+The status content is the one the controller was built against. The real kubelet's differs
+(a trace of two restarts): its first restart status comes 0.85-1.06 s after the exit (its
+relist) and shows, for 0.05-0.33 s, the ended container terminated with its real exit code; the
+condition then turns False rather than going; the phase is Pending while the sidecar starts;
+Ready returns with the barrier (the agent's startup probe), not with the agent.
 """
 
 from __future__ import annotations
@@ -33,7 +56,7 @@ import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,8 +64,10 @@ from typing import Any
 from agent.agent import Agent, AgentState, Mode
 from agent.apiclient import ApiError, ClientError, HttpClient
 from agent.config import Config
-from api.constants import ARRIVAL_AUDIENCE, RESTART_EXIT_CODE
+from agent.trainer import TrainerRun
+from api.constants import ARRIVAL_AUDIENCE, ENV_EPOCH, LABEL_NAME, LABEL_RANK, RESTART_EXIT_CODE
 from localcluster.cluster import SIMULATED_KUBELET_LABEL
+from localcluster.simstatus import CONTAINER_LISTS, StatusManager
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +76,10 @@ AGENT_CONTAINER = "gangjob-agent"
 SYNTHETIC_EXIT = {"exitCode": 137, "reason": "RestartingAllContainers"}
 LIST_PAGE = 500
 """Pods per page of the pod list (see `SimKubelet._list`)."""
-# The stand-in trainer of Process mode: runs until `crash` appears in its dir, then exits with
-# the code written there (the file is removed so the next run starts clean).
-SIM_TRAINER = [
-    "/bin/sh",
-    "-c",
-    'while [ ! -f "$GANGJOB_DIR/crash" ]; do sleep 0.05; done; '
-    'c=$(cat "$GANGJOB_DIR/crash"); rm -f "$GANGJOB_DIR/crash"; exit "$c"',
-]
+STOP_SHARE = 0.55
+"""The share of a whole-pod restart before the kubelet says its containers start again."""
+STOPPED_EXIT_CODE = 143
+"""A stand-in trainer's exit when the agent stops it: a trainer killed by SIGTERM."""
 
 
 def _now() -> str:
@@ -90,6 +111,56 @@ def trainer_rule_codes(pod: JsonDict, trainer: str) -> Callable[[int], bool]:
     return lambda code: False
 
 
+def trainer_command(pod: JsonDict, trainer: str) -> list[str]:
+    """The trainer's own command in a `Process`-mode pod (what follows `wrap --`)."""
+    for c in pod.get("spec", {}).get("containers", []):
+        if c.get("name") == trainer:
+            command = [*(c.get("command") or []), *(c.get("args") or [])]
+            return command[command.index("--") + 1 :] if "--" in command else command
+    return []
+
+
+class SimTrainer:
+    """`Process` mode's stand-in for one trainer run, behind the agent's `TrainerRun`: it runs
+    until the agent stops it (exit `STOPPED_EXIT_CODE`, as on SIGTERM) or `exit(code)` ends it,
+    as the real process would end. No process: thousands fit in one event loop."""
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str]) -> None:
+        self.argv = list(argv)
+        self.epoch = int(env.get(ENV_EPOCH, "-1"))
+        """The epoch the agent started this run at."""
+        self.code: int | None = None
+        self.ended_at: float | None = None
+        """`time.monotonic()` when the run ended."""
+        self._ended = asyncio.Event()
+
+    @property
+    def pid(self) -> int | None:
+        return None
+
+    @property
+    def running(self) -> bool:
+        return self.code is None
+
+    def exit(self, code: int) -> None:
+        """The run ends with `code` (no effect once it has ended)."""
+        if self.code is None:
+            self.code, self.ended_at = code, time.monotonic()
+            self._ended.set()
+
+    async def start(self) -> None:
+        pass
+
+    async def wait(self) -> int:
+        await self._ended.wait()
+        assert self.code is not None
+        return self.code
+
+    async def stop(self, grace: float) -> int:
+        self.exit(STOPPED_EXIT_CODE)
+        return await self.wait()
+
+
 @dataclass
 class Worker:
     """One pod the simulated kubelet runs."""
@@ -106,8 +177,27 @@ class Worker:
     lost: bool = False
     events: list[str] = field(default_factory=list)
     written: dict[str, float] = field(default_factory=dict)
-    """`time.monotonic()` when the kubelet's last status write of each kind returned
-    (`restarting`, `running`, `failed`): when a failure became visible in the API."""
+    """`time.monotonic()` when the kubelet's status write holding its latest status of each
+    kind (`restarting`, `restarted`, `running`, `failed`, `exited`) returned: when it became
+    visible in the API. A status replaced before it was sent is marked by the write of the one
+    replacing it."""
+    trainer: SimTrainer | None = None
+    """`Process` mode: the agent's latest trainer run."""
+    trainer_runs: list[SimTrainer] = field(default_factory=list)
+    """`Process` mode: every trainer run of this pod, the latest last."""
+    next_exit: int | None = None
+    """`Process` mode: the exit code of the next trainer run, at once (`SimKubelet.crash` while
+    no run was going)."""
+
+    def new_trainer(self, argv: Sequence[str], env: Mapping[str, str]) -> TrainerRun:
+        """The agent's `trainer_factory`: a stand-in run, ended at once by a pending crash."""
+        run = SimTrainer(argv, env)
+        self.trainer = run
+        self.trainer_runs.append(run)
+        if self.next_exit is not None:
+            run.exit(self.next_exit)
+            self.next_exit = None
+        return run
 
 
 class SimKubelet:
@@ -124,9 +214,18 @@ class SimKubelet:
         kubelet_concurrency: int = 64,
         arrival_url: str | None = None,
         start_delay: float = 0.0,
+        restart_stop_delay: float | None = None,
     ) -> None:
+        """`restart_delay`: a whole-pod restart, the exit that triggers it to the new agent
+        running; `restart_stop_delay` (at most `restart_delay`; None: `STOP_SHARE` of it): the
+        exit to the kubelet's status that every container stopped and starts again (its
+        restart condition gone); `start_delay`: a new pod Running (by KWOK) to its agent
+        running. `kubelet_concurrency` bounds this kubelet's requests to the apiserver."""
         self.api = api
         self.start_delay = start_delay
+        if restart_stop_delay is None:
+            restart_stop_delay = STOP_SHARE * restart_delay
+        self.restart_stop_delay = min(restart_stop_delay, restart_delay)
         self._starting: set[str] = set()  # UIDs of new pods whose agent is about to start
         self._finishing: set[str] = set()  # UIDs of terminating pods whose deletion we finish
         self.arrival_url = arrival_url
@@ -148,6 +247,10 @@ class SimKubelet:
         # Thousands of pods restart at once in a gang restart: the kubelets' status writes share
         # this process's connections, so they queue here rather than time out connecting.
         self._kubelet_slots = asyncio.Semaphore(kubelet_concurrency)
+        self.status = StatusManager(
+            api, self.pods_path, self.pods.get, workers=kubelet_concurrency,
+            slots=self._kubelet_slots,
+        )  # fmt: skip
 
     @property
     def pods_path(self) -> str:
@@ -156,7 +259,7 @@ class SimKubelet:
     # -- the pod watch -------------------------------------------------------------------
     async def run(self) -> None:
         """List and watch the namespace's gang pods; start and stop agents as they come/go."""
-        params = {"labelSelector": "gangjob.io/name"}
+        params = {"labelSelector": LABEL_NAME}
         while True:
             try:
                 items, rv = await self._list(params)
@@ -255,6 +358,7 @@ class SimKubelet:
     def _gone(self, pod: JsonDict) -> None:
         name = pod["metadata"]["name"]
         self._finishing.discard(pod["metadata"]["uid"])
+        self.status.forget(pod["metadata"]["uid"])
         if self.pods.get(name, {}).get("metadata", {}).get("uid") == pod["metadata"]["uid"]:
             self.pods.pop(name, None)
             self._stop_worker(name)
@@ -263,7 +367,7 @@ class SimKubelet:
     def _start_worker(self, pod: JsonDict) -> None:
         name = pod["metadata"]["name"]
         uid = pod["metadata"]["uid"]
-        job = pod["metadata"]["labels"]["gangjob.io/name"]
+        job = pod["metadata"]["labels"][LABEL_NAME]
         wdir = self._root / name
         wdir.mkdir(parents=True, exist_ok=True)
         w = self.workers.get(name) or Worker(name, pod_mode(pod), wdir, uid)
@@ -279,14 +383,15 @@ class SimKubelet:
             arrival_url=self.arrival_url,
             arrival_token_file=wdir / f"arrival-token-{uid}",
         )
-        cmd = SIM_TRAINER if w.mode is Mode.PROCESS else ()
+        process = w.mode is Mode.PROCESS
         w.agent = Agent(
             config,
             self.api,
             mode=w.mode,
-            command=cmd,
+            command=(trainer_command(pod, self.trainer) or ["trainer"]) if process else (),
             env={"PATH": "/usr/bin:/bin"},
             arrival_client=self.arrival_client,
+            trainer_factory=w.new_trainer if process else None,
         )
         w.task = asyncio.create_task(self._run_agent(w.agent, pod))
         self._agent_tasks.add(w.task)
@@ -369,7 +474,12 @@ class SimKubelet:
         if task.exception() is not None:
             log.error("agent of %s failed: %r", w.name, task.exception())
             return
-        if task.result() == RESTART_EXIT_CODE and w.mode is Mode.POD:
+        code = task.result()
+        if w.mode is Mode.PROCESS:
+            # The agent is the trainer container's process: its end is the container's, and
+            # with `restartPolicy: Never` the pod's.
+            self._exited(w, code)
+        elif code == RESTART_EXIT_CODE:
             # The agent's own RestartAllContainers rule: the whole pod restarts in place.
             self._spawn(self._restart_all(w, "agent exited with the restart code"))
 
@@ -379,107 +489,80 @@ class SimKubelet:
         task.add_done_callback(self._tasks.discard)
 
     # -- what the real kubelet would do --------------------------------------------------
-    async def _patch_status(self, name: str, uid: str, mutate: Callable[[JsonDict], None]) -> None:
-        """A status write as the kubelet makes it: for the pod of this UID only, conditional on
-        the pod version it started from (the watch's copy first, a fresh read after a
-        conflict), retried on overload. A pod of the name but another UID is a recreated
-        worker: this pod is gone, and nothing is written."""
-        pod: JsonDict | None = self.pods.get(name)
-        if pod is not None and pod["metadata"]["uid"] != uid:
-            pod = None  # the watch's copy is of another pod: only the apiserver can say which
-        delay = 0.05
-        for _ in range(40):
-            try:
-                # A slot per attempt (see _ensure_token).
-                async with self._kubelet_slots:
-                    if pod is None:
-                        pod = await self.api.get(f"{self.pods_path}/{name}")
-                    if pod["metadata"]["uid"] != uid:
-                        return
-                    status = copy.deepcopy(pod.get("status", {}))
-                    mutate(status)
-                    patch = {"metadata": {"resourceVersion": pod["metadata"]["resourceVersion"]},
-                             "status": status}  # fmt: skip
-                    await self.api.merge_patch(f"{self.pods_path}/{name}/status", patch)
-                return
-            except ApiError as e:
-                if e.status == 404:
-                    return
-                if e.status == 409:
-                    pod = None  # read it again
-                    continue
-                if e.status not in (429, 500, 503, 504):
-                    raise
-            except ClientError as e:  # a transport error under load
-                log.debug("status of %s not written (%s); retrying", name, e)
-            await asyncio.sleep(delay)
-            delay = min(1.0, delay * 2)
+    def _set_status(self, w: Worker, kind: str, change: Callable[[JsonDict], None]) -> None:
+        """The kubelet's status of the pod, changed by `change`, handed to its status manager:
+        written when a worker gets to it, replaced if a newer one comes first. The first
+        change starts from the pod's status as KWOK (the kubelet until then) wrote it."""
+        status = self.status.latest(w.uid)
+        if status is None:
+            pod = self.pods.get(w.name)
+            mine = pod is not None and pod["metadata"]["uid"] == w.uid
+            status = copy.deepcopy(pod.get("status", {})) if pod is not None and mine else {}
+        change(status)
+        self.status.set(w.name, w.uid, status, functools.partial(_mark, w.written, kind))
 
     async def _restart_all(self, w: Worker, why: str) -> None:
-        """KEP-5532: every container of the pod restarts; same pod, UID, IP and volumes."""
+        """KEP-5532: every container of the pod restarts; same pod, UID, IP and volumes. The
+        containers run again `restart_delay` after the agent ended, whenever the status writes
+        saying so land: the node does not wait for the apiserver."""
         w.events.append(f"restart-all: {why}")
         if w.agent is not None:
             w.agent.stop()
         if w.task is not None:
             with contextlib.suppress(Exception):
                 await w.task
-        stamp = _now()
-
-        def restarting(status: JsonDict) -> None:
-            conds = [
-                c for c in status.get("conditions", []) if c["type"] != "AllContainersRestarting"
-            ]
-            for c in conds:
-                if c["type"] in ("Ready", "ContainersReady"):
-                    c["status"], c["lastTransitionTime"] = "False", stamp
-            conds.append({"type": "AllContainersRestarting", "status": "True",
-                          "lastTransitionTime": stamp})  # fmt: skip
-            status["conditions"] = conds
-            for key in ("containerStatuses", "initContainerStatuses"):
-                for c in status.get(key, []):
-                    c["restartCount"] = c.get("restartCount", 0) + 1
-                    c["lastState"] = {"terminated": {**SYNTHETIC_EXIT, "finishedAt": stamp,
-                                                     "startedAt": stamp}}  # fmt: skip
-                    c["state"] = {"waiting": {"reason": "PodInitializing"}}
-                    c["ready"] = False
-
-        await self._patch_status(w.name, w.uid, restarting)
-        w.written["restarting"] = time.monotonic()
-        await asyncio.sleep(self.restart_delay)  # the kubelet's restart, as measured
-        if self.workers.get(w.name) is not w or w.lost:
+        self._set_status(w, "restarting", functools.partial(_restarting, _now()))
+        # The kubelet stops every container, says they start again, then they run.
+        await asyncio.sleep(self.restart_stop_delay)
+        if not self._still(w):
             return
-        again = _now()
-
-        def running(status: JsonDict) -> None:
-            conds = [
-                c for c in status.get("conditions", []) if c["type"] != "AllContainersRestarting"
-            ]
-            for c in conds:
-                if c["type"] in ("Ready", "ContainersReady"):
-                    c["status"], c["lastTransitionTime"] = "True", again
-            status["conditions"] = conds
-            status["phase"] = "Running"
-            for key in ("containerStatuses", "initContainerStatuses"):
-                for c in status.get(key, []):
-                    c["state"] = {"running": {"startedAt": again}}
-                    c["ready"] = True
-                    c["started"] = True
-
-        await self._patch_status(w.name, w.uid, running)
-        w.written["running"] = time.monotonic()
-        w.restarts += 1
+        self._set_status(w, "restarted", functools.partial(_restarted, _now()))
+        await asyncio.sleep(self.restart_delay - self.restart_stop_delay)
         pod = self.pods.get(w.name)
-        if pod is not None and self.workers.get(w.name) is w:
-            self._start_worker(pod)
+        if not self._still(w) or pod is None:
+            return
+        w.restarts += 1
+        self._start_worker(pod)
+        self._set_status(w, "running", functools.partial(_running, _now()))
+
+    def _still(self, w: Worker) -> bool:
+        """The worker still runs here: its pod not gone, recreated or lost meanwhile."""
+        pod = self.pods.get(w.name)
+        alive = self.workers.get(w.name) is w and not w.lost
+        return alive and pod is not None and pod["metadata"]["uid"] == w.uid
+
+    def _exited(self, w: Worker, code: int) -> None:
+        """A `Process`-mode agent ended with `code`: so did the trainer container, and the pod
+        (Succeeded on 0, else Failed)."""
+        w.events.append(f"agent exited {code}")
+        trainer = self.trainer
+        self._set_status(
+            w, "exited",
+            functools.partial(_terminated, _now(), lambda c: code if c == trainer else None),
+        )  # fmt: skip
 
     # -- failure injection (what a test does to a worker) --------------------------------
+    def name_of(self, job: str, rank: int) -> str:
+        """The pod of the job's worker `rank`, by its labels."""
+        for name, pod in self.pods.items():
+            labels = pod["metadata"].get("labels") or {}
+            if labels.get(LABEL_NAME) == job and labels.get(LABEL_RANK) == str(rank):
+                return name
+        raise KeyError(f"no pod of worker {rank} of {job}")
+
     async def crash(self, name: str, code: int) -> None:
-        """The worker's trainer exits with `code`, as a real one would."""
+        """The worker's trainer exits with `code`, as a real one would. `Pod` mode: a code of
+        the trainer's `RestartAllContainers` rule restarts the pod in place (returns once its
+        new agent started), any other leaves the pod Failed. `Process` mode: the agent's
+        stand-in trainer run ends with `code` (the next run, at once, if none is going)."""
         w = self.workers[name]
-        pod = self.pods[name]
         if w.mode is Mode.PROCESS:
-            (w.dir / "crash").write_text(f"{code}\n")  # the stand-in trainer exits with it
+            if w.trainer is not None and w.trainer.running:
+                w.trainer.exit(code)
+            else:
+                w.next_exit = code
             return
+        pod = self.pods[name]
         if trainer_rule_codes(pod, self.trainer)(code):
             await self._restart_all(w, f"trainer exited {code}")
             return
@@ -487,24 +570,11 @@ class SimKubelet:
         w.failed = True
         if w.agent is not None:
             w.agent.stop()
-        stamp = _now()
         trainer = self.trainer
-
-        def failed(status: JsonDict) -> None:
-            status["phase"] = "Failed"
-            for c in status.get("conditions", []):
-                if c["type"] in ("Ready", "ContainersReady"):
-                    c["status"], c["lastTransitionTime"] = "False", stamp
-            for key in ("containerStatuses", "initContainerStatuses"):
-                for c in status.get(key, []):
-                    exit_code = code if c["name"] == trainer else 0
-                    reason = "Error" if exit_code else "Completed"
-                    term = {"exitCode": exit_code, "reason": reason}
-                    c["state"] = {"terminated": {**term, "startedAt": stamp, "finishedAt": stamp}}
-                    c["ready"] = False
-
-        await self._patch_status(name, w.uid, failed)
-        w.written["failed"] = time.monotonic()
+        self._set_status(
+            w, "failed",
+            functools.partial(_terminated, _now(), lambda c: code if c == trainer else 0),
+        )  # fmt: skip
 
     def lose(self, name: str) -> None:
         """The worker's node died: its agent stops without a word (no status, no exit)."""
@@ -536,9 +606,76 @@ class SimKubelet:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, *self._agent_tasks, return_exceptions=True)
+        await self.status.close()
         if self.arrival_client is not None:
             await self.arrival_client.close()
         shutil.rmtree(self._root, ignore_errors=True)
+
+
+# The kubelet's status transitions, each a change of its own latest status of the pod.
+
+
+def _containers(status: JsonDict) -> list[JsonDict]:
+    return [c for key in CONTAINER_LISTS for c in status.get(key, [])]
+
+
+def _ready(status: JsonDict, ready: str, stamp: str) -> None:
+    conds = [c for c in status.get("conditions", []) if c["type"] != "AllContainersRestarting"]
+    for c in conds:
+        if c["type"] in ("Ready", "ContainersReady") and c.get("status") != ready:
+            c["status"], c["lastTransitionTime"] = ready, stamp
+    status["conditions"] = conds
+
+
+def _restarting(stamp: str, status: JsonDict) -> None:
+    """The pod's restart begins: `AllContainersRestarting`, not ready, restartCount +1, the
+    synthetic lastState that keeps no real exit code."""
+    _ready(status, "False", stamp)
+    status["conditions"].append(
+        {"type": "AllContainersRestarting", "status": "True", "lastTransitionTime": stamp}
+    )
+    for c in _containers(status):
+        c["restartCount"] = c.get("restartCount", 0) + 1
+        c["lastState"] = {"terminated": {**SYNTHETIC_EXIT, "finishedAt": stamp, "startedAt": stamp}}
+        c["state"] = {"waiting": {"reason": "PodInitializing"}}
+        c["ready"] = False
+
+
+def _restarted(stamp: str, status: JsonDict) -> None:
+    """Every container stopped and about to start again: the restart condition is gone."""
+    _ready(status, "False", stamp)
+    for c in _containers(status):
+        c["state"] = {"waiting": {"reason": "RestartingAllContainers"}}
+
+
+def _running(stamp: str, status: JsonDict) -> None:
+    """The containers run again after a restart."""
+    _ready(status, "True", stamp)
+    status["phase"] = "Running"
+    for c in _containers(status):
+        c["state"] = {"running": {"startedAt": stamp}}
+        c["ready"] = True
+        c["started"] = True
+
+
+def _terminated(stamp: str, codes: Callable[[str], int | None], status: JsonDict) -> None:
+    """Containers ended, each with `codes(name)` (None: left as it is), and with them the pod
+    (`restartPolicy: Never`): Failed if one failed, else Succeeded."""
+    _ready(status, "False", stamp)
+    failed = False
+    for c in _containers(status):
+        code = codes(c["name"])
+        if code is None:
+            continue
+        failed |= code != 0
+        term = {"exitCode": code, "reason": "Error" if code else "Completed"}
+        c["state"] = {"terminated": {**term, "startedAt": stamp, "finishedAt": stamp}}
+        c["ready"] = False
+    status["phase"] = "Failed" if failed else "Succeeded"
+
+
+def _mark(written: dict[str, float], kind: str, at: float) -> None:
+    written[kind] = at
 
 
 def _write(path: Path, text: str) -> None:
