@@ -190,6 +190,10 @@ class StatusManager:
             try:
                 await self._open.wait()
                 delay = await self._sync(uid)
+            except Exception:  # a bug: this pod's writes go on after a backoff, the others' too
+                log.exception("status of pod uid %s not written", uid)
+                pod = self._pods.get(uid)
+                delay = self._failed(pod) if pod is not None else None
             finally:
                 if delay is None:
                     self._busy.discard(uid)
