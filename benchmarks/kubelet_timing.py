@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from api import builders
 from api.constants import ANNOTATION_EPOCH
 from benchmarks.common import Progress, markdown_table, write_json
 from controller.k8s import GANGJOBS, PODS, JsonDict, Kube
@@ -47,29 +48,19 @@ while :; do sleep 1 & wait $!; done
 
 
 def gangjob(workers: int, restarts: int) -> JsonDict:
-    return {
-        "apiVersion": "gangjob.io/v1alpha1",
-        "kind": "GangJob",
-        "metadata": {"name": "timing"},
-        "spec": {
-            "replicas": workers,
-            "restart": {"mode": "Pod", "maxRestarts": restarts + 1},
-            "template": {
-                "spec": {
-                    "terminationGracePeriodSeconds": 5,
-                    "containers": [
-                        {
-                            "name": "trainer",
-                            "image": "localhost/busybox:dev",
-                            "imagePullPolicy": "Never",
-                            "command": ["sh", "-c", TRAINER],
-                            "env": [{"name": "RESTARTS", "value": str(restarts)}],
-                        }
-                    ],
-                }
-            },
+    return builders.gangjob(
+        "timing",
+        workers,
+        image="localhost/busybox:dev",
+        command=["sh", "-c", TRAINER],
+        container={
+            "imagePullPolicy": "Never",
+            "env": [{"name": "RESTARTS", "value": str(restarts)}],
         },
-    }
+        pod_spec={"terminationGracePeriodSeconds": 5},
+        restart_mode="Pod",
+        max_restarts=restarts + 1,
+    )
 
 
 def log_time(line: str) -> float:

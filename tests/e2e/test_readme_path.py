@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from api import builders
 from api.constants import ANNOTATION_EPOCH, LABEL_NAME
 from controller.k8s import PODS, JsonDict, Kube
 from localcluster.cluster import Cluster
@@ -40,27 +41,14 @@ if [ "$epoch" = 0 ]; then
 fi
 """
 
-JOB: JsonDict = {
-    "apiVersion": "gangjob.io/v1alpha1",
-    "kind": "GangJob",
-    "metadata": {"name": "fails-once"},
-    "spec": {
-        "replicas": 2,
-        "template": {
-            "spec": {
-                "terminationGracePeriodSeconds": 5,
-                "containers": [
-                    {
-                        "name": "trainer",
-                        "image": "localhost/busybox:dev",
-                        "imagePullPolicy": "Never",
-                        "command": ["sh", "-c", TRAINER],
-                    }
-                ],
-            }
-        },
-    },
-}
+JOB: JsonDict = builders.gangjob(
+    "fails-once",
+    2,
+    image="localhost/busybox:dev",
+    command=["sh", "-c", TRAINER],
+    container={"imagePullPolicy": "Never"},
+    pod_spec={"terminationGracePeriodSeconds": 5},
+)
 
 MAKE_TIMEOUT = 300  # `make` runs `setup` first: an up-to-date .venv takes no time
 

@@ -16,6 +16,7 @@ import pytest
 
 from agent.agent import Mode, Step
 from agent.apiclient import HttpClient, ssl_context
+from api import builders
 from controller.k8s import GANGJOBS, NODES, PODS, JsonDict, Kube, NotFound
 from localcluster import simkubelet
 from localcluster.cluster import SIMULATED_KUBELET_LABEL, Cluster, Options, kwok_node
@@ -316,22 +317,14 @@ class World:
     ctl: ControllerProcess
 
     async def create(self, name: str, replicas: int, **spec: Any) -> None:
-        body = {
-            "apiVersion": "gangjob.io/v1alpha1",
-            "kind": "GangJob",
-            "metadata": {"name": name},
-            "spec": {
-                "replicas": replicas,
-                "template": {
-                    "metadata": {"labels": {SIMULATED_KUBELET_LABEL: "true"}},
-                    "spec": {
-                        "nodeSelector": {"gangjob-test": self.ns},
-                        "containers": [TRAINER],
-                    },
-                },
-                **spec,
-            },
-        }
+        body = builders.gangjob(
+            name,
+            replicas,
+            containers=[TRAINER],
+            pod_labels={SIMULATED_KUBELET_LABEL: "true"},
+            pod_spec={"nodeSelector": {"gangjob-test": self.ns}},
+            spec=spec,
+        )
         await self.kube.create(GANGJOBS, body, self.ns)
 
     async def barrier_open(self, job: str, epoch: int, replicas: int) -> JsonDict:
