@@ -19,6 +19,7 @@ from benchmarks.scale.observer import JobTracker, agents_at, milestones, pods_wh
 from benchmarks.scale.settings import BENCH_LABEL, BULK_TAINT, PODS_PER_NODE, Settings
 from controller.k8s import GANGJOBS, NODES, JsonDict, Kube, NotFound
 from localcluster.cluster import SIMULATED_KUBELET_LABEL, Cluster, Options, kwok_node
+from localcluster.jobset import JobSetController
 from localcluster.simkubelet import SimKubelet
 from localcluster.tools import ControllerProcess
 
@@ -38,11 +39,23 @@ class World:
     nodes: list[str] = field(default_factory=list)
     victims: list[str] = field(default_factory=list)
     rss_max: float = 0.0
+    peer: JobSetController | None = None
+    """The JobSet controller, when the run restarts that peer too."""
 
     @property
     def s(self) -> SimKubelet:
         assert self.sim is not None
         return self.sim
+
+    def cpu_pids(self) -> dict[str, int]:
+        """The processes whose CPU a repetition accounts for, by name: the controller, each of
+        the cluster's (kube-apiserver, etcd, ...), and the peer's controller."""
+        assert self.ctl.proc is not None
+        pids = {"controller": self.ctl.proc.pid}
+        pids |= {p.name: p.pid for p in self.cluster.procs()}
+        if self.peer is not None:
+            pids["jobset-controller"] = self.peer.pid
+        return pids
 
     def sample_rss(self) -> None:
         assert self.ctl.proc is not None

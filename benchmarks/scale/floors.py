@@ -25,6 +25,7 @@ from typing import Any
 from agent.apiclient import ApiError
 from benchmarks.common import Progress
 from benchmarks.scale.cluster import World, steady
+from benchmarks.scale.cpu import BENCH, CpuSampler
 from benchmarks.scale.observer import Check, CtlSample, JobTracker, agents_at, milestones, polled
 from benchmarks.scale.scenarios import Span, measure_restart
 from benchmarks.scale.settings import ANNOTATION_FLOOR_CONCURRENCY
@@ -32,7 +33,7 @@ from controller.k8s import GANGJOBS
 
 FLOOR_SPAN = Span(
     "epoch write->arrived + barrier->open",
-    lambda m: (m["arrived"] - m["injected"]) + (m["open"] - max(m["barrier"], m["arrived"])),
+    lambda m: [(m["injected"], m["arrived"]), (max(m["barrier"], m["arrived"]), m["open"])],
 )
 """floor's seconds: its milestones but the gap from the last report accepted to the barrier
 write seen (a poll may see the last arrival after the barrier: no gap then, and no overlap)."""
@@ -110,33 +111,41 @@ async def annotation_floor(w: World, tracker: JobTracker, rep: int, gang: str) -
             progress.tick(f"{done}/{len(names)} patched")
 
     before = CtlSample.take(w.ctl)
-    t0 = time.monotonic()
-    await asyncio.gather(*(one(n) for n in names))
-    t1 = time.monotonic()
-    obj = await w.kube.patch(GANGJOBS, gang, body, w.ns)
-    rv = int(obj["metadata"]["resourceVersion"])
-    n = w.n
+    async with CpuSampler.running(w.cpu_pids()) as sampler:
+        t0 = time.monotonic()
+        await asyncio.gather(*(one(n) for n in names))
+        t1 = time.monotonic()
+        obj = await w.kube.patch(GANGJOBS, gang, body, w.ns)
+        rv = int(obj["metadata"]["resourceVersion"])
+        n = w.n
 
-    def seen() -> int:
-        return sum(
-            1 for wk in w.s.workers.values()
-            if wk.agent is not None and wk.agent.job is not None
-            and int(wk.agent.job.resource_version or 0) >= rv
+        def seen() -> int:
+            return sum(
+                1 for wk in w.s.workers.values()
+                if wk.agent is not None and wk.agent.job is not None
+                and int(wk.agent.job.resource_version or 0) >= rv
+            )  # fmt: skip
+
+        marks = await milestones(
+            {"seen": polled(lambda: seen() == n)}, w.timeout(0.05), progress,
+            lambda: f"{seen()}/{n} agents saw the write",
         )  # fmt: skip
-
-    marks = await milestones(
-        {"seen": polled(lambda: seen() == n)}, w.timeout(0.05), progress,
-        lambda: f"{seen()}/{n} agents saw the write",
-    )  # fmt: skip
     after = CtlSample.take(w.ctl)
+    seconds = round(marks["seen"] - t0, 3)
+    cpu = sampler.spent([(t0, marks["seen"])])
+    bench = cpu.get(BENCH)
     row = {
         "mode": "annotation-floor",
         "rep": rep,
-        "seconds": round(marks["seen"] - t0, 3),
+        "seconds": seconds,
+        "span": "patches->seen",
         "steps": {
             "pod-patches": round(t1 - t0, 3),
             "job-write->seen-by-all": round(marks["seen"] - t1, 3),
         },
+        "cpu_s": cpu,
+        "bench_cpu_s": bench,
+        "seconds_minus_bench_cpu": None if bench is None else round(seconds - bench, 3),
         "controller": after.since(before),
     }
     print(f"  N={w.n} annotation-floor #{rep + 1}: {row['seconds']:.2f}s {row['steps']}",

@@ -16,7 +16,7 @@ from typing import Any
 from agent.agent import Step
 from benchmarks.common import Progress, cpu_seconds
 from benchmarks.scale.settings import POLL
-from controller.k8s import GANGJOBS, JsonDict, Kube
+from controller.k8s import GANGJOBS, JsonDict, Kube, ResourceKind
 from localcluster.simkubelet import SimKubelet
 from localcluster.tools import ControllerProcess
 
@@ -47,34 +47,57 @@ class JobTracker:
         if isinstance(st.get("barrierEpoch"), int):
             self.barrier_at.setdefault(st["barrierEpoch"], now)
 
+    def _listed(self, items: list[JsonDict]) -> None:
+        for item in items:
+            self._seen(item)
+
+    def _event(self, kind: str, job: JsonDict) -> None:
+        if kind in ("ADDED", "MODIFIED"):
+            self._seen(job)
+
     async def run(self) -> None:
-        rv: str | None = None
-        while True:
-            try:
-                if rv is None:
-                    listed = await self.kube.list(
-                        GANGJOBS, self.ns, field_selector=f"metadata.name={self.name}"
-                    )
-                    for item in listed.items:
-                        self._seen(item)
-                    rv = listed.resource_version
-                stream = self.kube.watch(
-                    GANGJOBS, self.ns, field_selector=f"metadata.name={self.name}",
-                    resource_version=rv,
-                )  # fmt: skip
-                async with contextlib.aclosing(stream):
-                    async for ev in stream:
-                        if ev.type in ("ADDED", "MODIFIED"):
-                            self._seen(ev.object)
-                        new_rv = ev.object.get("metadata", {}).get("resourceVersion")
-                        if new_rv:
-                            rv = new_rv
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # a dropped watch under load: list again
-                log.warning("job watch broke (%s); listing again", e)
-                rv = None
-                await asyncio.sleep(0.2)
+        await follow(
+            self.kube, GANGJOBS, self.ns, on_list=self._listed, on_event=self._event,
+            field_selector=f"metadata.name={self.name}",
+        )  # fmt: skip
+
+
+async def follow(
+    kube: Kube,
+    kind: ResourceKind,
+    ns: str,
+    *,
+    on_list: Callable[[list[JsonDict]], object],
+    on_event: Callable[[str, JsonDict], object],
+    label_selector: str | None = None,
+    field_selector: str | None = None,
+) -> None:
+    """Lists, then watches from the list's version, until cancelled; lists again (`on_list`
+    gets every object anew) whenever the watch breaks. Bookmarks are not passed on."""
+    rv: str | None = None
+    while True:
+        try:
+            if rv is None:
+                listed = await kube.list(
+                    kind, ns, label_selector=label_selector, field_selector=field_selector
+                )
+                on_list(listed.items)
+                rv = listed.resource_version
+            stream = kube.watch(
+                kind, ns, label_selector=label_selector, field_selector=field_selector,
+                resource_version=rv,
+            )  # fmt: skip
+            async with contextlib.aclosing(stream):
+                async for ev in stream:
+                    if ev.type != "BOOKMARK":
+                        on_event(ev.type, ev.object)
+                    rv = ev.object.get("metadata", {}).get("resourceVersion") or rv
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a dropped watch under load: list again
+            log.warning("%s watch broke (%s); listing again", kind.resource, e)
+            rv = None
+            await asyncio.sleep(0.2)
 
 
 Check = Callable[[], float | None]

@@ -17,6 +17,7 @@ from typing import Any
 from api.v1alpha1 import RestartRecord
 from benchmarks.common import Progress
 from benchmarks.scale.cluster import World, lose_node, steady
+from benchmarks.scale.cpu import BENCH, CpuSampler
 from benchmarks.scale.observer import (
     Check,
     CtlSample,
@@ -42,20 +43,76 @@ class Unfinished(Exception):
         self.row = row
 
 
+Window = tuple[float, float]
+
+
 @dataclass(frozen=True)
 class Span:
-    """What a repetition's `seconds` are, from the times of its milestones."""
+    """What a repetition's `seconds` are: the time windows between its milestones that count
+    (their CPU is accounted over the same windows)."""
 
     label: str
-    seconds: Callable[[dict[str, float]], float]
+    windows: Callable[[dict[str, float]], list[Window]]
+
+    def seconds(self, marks: dict[str, float]) -> float:
+        return sum(end - start for start, end in self.windows(marks))
 
 
-VISIBLE_TO_BARRIER = Span("visible->barrier", lambda marks: marks["barrier"] - marks["visible"])
+def between(start: str, end: str) -> Span:
+    """From milestone `start` to milestone `end`."""
+    return Span(f"{start}->{end}", lambda marks: [(marks[start], marks[end])])
+
+
+VISIBLE_TO_BARRIER = between("visible", "barrier")
 """A restart: from the failure visible in the API to the barrier of the new epoch written."""
 
 
 def _steps(marks: dict[str, float], order: list[str]) -> dict[str, float]:
     return {f"{a}->{b}": round(marks[b] - marks[a], 3) for a, b in itertools.pairwise(order)}
+
+
+async def timed(
+    w: World,
+    mode: str,
+    rep: int,
+    inject: Callable[[], Any],
+    checks: dict[str, Check],
+    order: list[str],
+    timeout: float,
+    state: Callable[[], str],
+    span: Span,
+) -> dict[str, Any]:
+    """Inject, wait for every milestone, and return the repetition's row: its `seconds` over
+    `span`, the `steps` between milestones in `order`, and the CPU each process spent within
+    the span (`cpu_s`; this process's, the simulation's, also as `bench_cpu_s`). Raises
+    `Unfinished` if a milestone is not reached within `timeout`."""
+    timeout = w.settings.rep_limit_s or timeout
+    order = ["injected", *order]
+    async with CpuSampler.running(w.cpu_pids()) as sampler:
+        t0 = time.monotonic()
+        injected = asyncio.ensure_future(inject())
+        try:
+            marks = await milestones(checks, timeout, Progress(f"N={w.n} {mode} #{rep + 1}"), state)
+        except NotReached as e:
+            injected.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await injected
+            raise Unfinished(unfinished_row(mode, rep, t0, e, order)) from e
+        await injected
+    marks["injected"] = t0
+    seconds = round(span.seconds(marks), 3)
+    cpu = sampler.spent(span.windows(marks))
+    bench = cpu.get(BENCH)
+    return {
+        "mode": mode,
+        "rep": rep,
+        "seconds": seconds,
+        "span": span.label,
+        "steps": _steps(marks, order),
+        "cpu_s": cpu,
+        "bench_cpu_s": bench,
+        "seconds_minus_bench_cpu": None if bench is None else round(seconds - bench, 3),
+    }
 
 
 async def measure_restart(
@@ -71,44 +128,32 @@ async def measure_restart(
     span: Span = VISIBLE_TO_BARRIER,
 ) -> dict[str, Any]:
     """One restart from epoch E to E+1: inject, wait for every milestone, collect numbers."""
-    timeout = w.settings.rep_limit_s or timeout
-    order = ["injected", *order]
     before = CtlSample.take(w.ctl)
-    t0 = time.monotonic()
-    injected = asyncio.ensure_future(inject())
-    try:
-        marks = await milestones(checks, timeout, Progress(f"N={w.n} {mode} #{rep + 1}"), state)
-    except NotReached as e:
-        injected.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await injected
-        raise Unfinished(unfinished_row(mode, rep, t0, e, order)) from e
-    await injected
-    marks["injected"] = t0
+    row = await timed(w, mode, rep, inject, checks, order, timeout, state, span)
     w.sample_rss()
     after = CtlSample.take(w.ctl)
     last = tracker.status.get("lastRestart") or {}
     if last.get("epoch") != tracker.status.get("epoch"):
         last = {}  # a restart the controller did not record (floor raises the epoch itself)
-    steps = _steps(marks, order)
     ctl = after.since(before)
-    row: dict[str, Any] = {
-        "mode": mode,
-        "rep": rep,
-        "seconds": round(span.seconds(marks), 3),
-        "steps": steps,
+    row |= {
         "controller_duration_s": last.get("durationSeconds"),
         "recreated": RestartRecord.model_validate(last).recreated_ranks(w.n) if last else None,
         "trigger": (last.get("trigger") or {}).get("class"),
         "controller": ctl,
     }
+    print_row(w, row, f"ctl share {ctl['share_s']}  ctl API {ctl['requests'].get('all', 0)}")
+    return row
+
+
+def print_row(w: World, row: dict[str, Any], extra: str = "") -> None:
+    """A repetition's line on stderr, as it finishes."""
     print(
-        f"  N={w.n} {mode} #{rep + 1}: {row['seconds']:.2f}s {span.label}  "
-        + "  ".join(f"{k} {v:.2f}" for k, v in steps.items())
-        + f"  ctl share {ctl['share_s']}  ctl API {ctl['requests'].get('all', 0)}",
+        f"  N={w.n} {row['mode']} #{row['rep'] + 1}: {row['seconds']:.2f}s {row['span']}  "
+        + "  ".join(f"{k} {v:.2f}" for k, v in row["steps"].items())
+        + f"  bench CPU {row['bench_cpu_s']}s  {extra}",
         file=sys.stderr,
     )
-    return row
 
 
 def unfinished_row(
