@@ -3,6 +3,7 @@
     python -m benchmarks.scale [--sizes 100,1000] [--with-5000] [--reps 3]
                                [--scheduler-qps 500] [--endpoint-batch 1]
                                [--restart-delay 2.0] [--keep]
+                               [--peers jobset [--peer-max-size 1000] [--peer-qps 500]]
 
 For each gang size N, in one run and on one cluster (real apiserver, scheduler and
 controller-manager; KWOK nodes; the real controller as a subprocess with its own RBAC; the real
@@ -21,11 +22,18 @@ kubelet's part of a KEP-5532 whole-pod restart with the measured ~2 s delay):
   every pod restarted and every arrival report was accepted, plus the barrier write seen by
   every agent (benchmarks.scale.floors says exactly what is and is not counted);
 - annotation-floor: by a bare client, N merge-patches of one pod annotation (32 in flight) and
-  one write of the GangJob seen by all N agents' own watches.
+  one write of the GangJob seen by all N agents' own watches;
+- with `--peers jobset`, the peer: JobSet v0.12.0's failure-policy restart of the same gang
+  (an Indexed Job of N pods; one pod failed by the same status patch), from the failure seen to
+  all N pods of the next attempt Running, at the controller-manager's default client QPS and
+  with it raised (benchmarks.scale.peer).
 
 Each is repeated (median and p90), with the controller's own share (its metric
 `gangjob_restart_controller_seconds`: watch event -> status write returned), its CPU and RSS,
-and its API requests per restart (`rest_client_requests_total` deltas). Times are taken by this
+its API requests per restart (`rest_client_requests_total` deltas), and the CPU every process
+spent within the restart, this one (the simulation) included (benchmarks.scale.cpu). The report
+ends with the goals, each "met", "not met (the step that holds it)" or "not measured"
+(benchmarks.scale.goals). Times are taken by this
 process's monotonic clock: the job's own watch for epoch and barrier, the simulated kubelet's
 write returning for "failure visible", a 50 ms poll of the agents for arrivals. Results go to
 benchmarks/results/restart_scale[-qpsQ][-epbatchS].{json,md,png}.

@@ -7,7 +7,7 @@ import asyncio
 
 import benchmarks.scale
 from benchmarks.scale.runner import run
-from benchmarks.scale.settings import MODES, Settings
+from benchmarks.scale.settings import MODES, PEER_MAX_SIZE, PEER_QPS, PEERS, Settings
 
 
 def main() -> int:
@@ -47,18 +47,42 @@ def main() -> int:
         default=",".join(MODES),
         help=f"measurements to take, comma-separated (default: all of {','.join(MODES)})",
     )
+    p.add_argument(
+        "--peers",
+        default="",
+        help=f"restart the same gang with these peers too, comma-separated ({','.join(PEERS)}): "
+        "JobSet v0.12.0's failure-policy restart, with the controller-manager at its defaults "
+        "and with its client QPS raised",
+    )
+    p.add_argument(
+        "--peer-max-size",
+        type=int,
+        default=PEER_MAX_SIZE,
+        help="the largest N the peers restart (default %(default)s: a JobSet restart at the "
+        "controller-manager's defaults takes ~150 s at N=1000)",
+    )
+    p.add_argument(
+        "--peer-qps",
+        type=int,
+        default=PEER_QPS,
+        help="the controller-manager's client QPS for the peer's second row (burst 2x; "
+        "default %(default)s)",
+    )
     p.add_argument("--cluster", default="bench", help="local cluster to use (started if down)")
     p.add_argument("--keep", action="store_true", help="leave a cluster this run started up")
     a = p.parse_args()
     modes = tuple(m for m in a.modes.split(",") if m)
     if not modes or set(modes) - set(MODES):
         p.error(f"--modes: choose from {','.join(MODES)}")
+    peers = tuple(x for x in a.peers.split(",") if x)
+    if set(peers) - set(PEERS):
+        p.error(f"--peers: choose from {','.join(PEERS)}")
     sizes = [int(s) for s in a.sizes.split(",") if s]
     if a.with_5000 and 5000 not in sizes:
         sizes.append(5000)
     settings = Settings(
         sizes=sizes, reps=a.reps, restart_delay=a.restart_delay, start_delay=a.start_delay,
-        modes=modes,
+        modes=modes, peers=peers, peer_max_size=a.peer_max_size, peer_qps=a.peer_qps,
         scheduler_qps=a.scheduler_qps, endpoint_batch=a.endpoint_batch,
         cluster=a.cluster, keep=a.keep,
     )  # fmt: skip

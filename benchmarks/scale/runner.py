@@ -1,6 +1,7 @@
 """One scale run from end to end: per gang size, a namespace, its nodes and a simulated kubelet,
-then each gang (in place, Recreate) started, measured in every mode asked for and torn down;
-the controller runs as a subprocess for the whole run."""
+then each gang (in place, Recreate) started, measured in every mode asked for and torn down,
+then the peer's restarts of the same gang; the controller (and the peer's) runs as a subprocess
+for the whole run."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import uuid
 from typing import Any
 
 from agent.apiclient import HttpClient, ssl_context
+from benchmarks.scale import peer
 from benchmarks.scale.cluster import (
     World,
     ensure_cluster,
@@ -28,6 +30,7 @@ from benchmarks.scale.settings import Settings
 from benchmarks.scale.stats import summarize
 from controller.k8s import NAMESPACES, NODES, Kube, NotFound
 from localcluster.cluster import Cluster
+from localcluster.jobset import JobSetController
 from localcluster.simkubelet import SimKubelet
 from localcluster.tools import ControllerProcess, controller_kubeconfig, install_crd
 
@@ -71,6 +74,9 @@ async def run_size(w: World) -> dict[str, Any]:
                 track_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await track_task
+        # The peer last, on the same nodes, once GangJob's gangs are gone.
+        if w.peer is not None and w.n <= w.settings.peer_max_size:
+            await peer.measure(w, rows)
     finally:
         sim_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -127,6 +133,7 @@ async def run_on(cluster: Cluster, settings: Settings) -> dict[str, Any]:
         cluster.logs / "bench-restart-scale-controller.log", arrivals=True,
     )  # fmt: skip
     ctl.start()
+    jobset: JobSetController | None = None
     results: list[dict[str, Any]] = []
     # Thousands of agents share one client: keep enough connections for a burst of arrivals.
     api = HttpClient(
@@ -138,19 +145,23 @@ async def run_on(cluster: Cluster, settings: Settings) -> dict[str, Any]:
         request_timeout=60.0,
     )
     try:
+        if "jobset" in settings.peers:
+            jobset = peer.start(cluster)
         ctl.wait_ready()
         async with await Kube.from_kubeconfig(cluster.kubeconfig, request_timeout=60) as kube:
             for n in settings.sizes:
                 print(f"\n== N = {n} ==", file=sys.stderr)
-                w = World(n, settings, cluster, kube, api, ctl)
+                w = World(n, settings, cluster, kube, api, ctl, peer=jobset)
                 res = await run_size(w)
                 results.append(res)
-                print(f"\n{size_table(res)}\n", file=sys.stderr)
+                print(f"\n{size_table(res, settings)}\n", file=sys.stderr)
                 # Written after every size: a long run that fails later keeps what it measured.
                 write_results(
                     settings, report_data(cluster, settings, results), settings.results_dir
                 )
     finally:
+        if jobset is not None:
+            jobset.stop()
         ctl.stop()
         await api.close()
     return report_data(cluster, settings, results)

@@ -8,7 +8,20 @@ from pathlib import Path
 from benchmarks.common import RESULTS
 
 MODES = ("in-place", "in-place-annotation", "node-lost", "recreate", "floor", "annotation-floor")
-"""Every measurement, in the order the report lists them."""
+"""Every measurement of GangJob, in the order the report lists them."""
+PEERS = ("jobset",)
+"""Peers `--peers` can measure beside GangJob in the same run."""
+JOBSET, JOBSET_RAISED = "jobset", "jobset-raised"
+"""The JobSet peer's restart with the controller-manager at its default client QPS (20, burst
+30), and with it raised (`Settings.peer_qps`), as an operator of large gangs would."""
+PEER_MODES = (JOBSET, JOBSET_RAISED)
+REPORTED_MODES = (*MODES, *PEER_MODES)
+"""Every row a report can hold, in its order."""
+PEER_QPS = 500
+"""The controller-manager's raised client QPS for `JOBSET_RAISED` (burst twice that)."""
+PEER_MAX_SIZE = 1000
+"""The largest gang the peer restarts by default: at the controller-manager's defaults one
+JobSet restart takes about 150 s at N=1000, and grows with N."""
 PODS_PER_NODE = 250
 ANNOTATION_FLOOR_CONCURRENCY = 32
 """annotation-floor: pod annotation patches in flight at once."""
@@ -16,10 +29,6 @@ BENCH_LABEL = "gangjob-bench"
 BULK_TAINT = "gangjob-bench/bulk"
 POLL = 0.05
 """Seconds between two looks at a milestone known only by polling (the agents' state)."""
-# The goals of issue 5, printed beside the results and never asserted.
-GOAL_RATIO_AT = 5000
-GOAL_RATIO = 15.0
-GOAL_SHARE = 1.0
 
 
 @dataclass
@@ -33,6 +42,11 @@ class Settings:
     """The controller-manager's endpoint update batching period (seconds; default none)."""
     modes: tuple[str, ...] = MODES
     """Which measurements to take (all by default: they are meant side by side)."""
+    peers: tuple[str, ...] = ()
+    """Peers to restart the same gang with (`PEERS`), at every size up to `peer_max_size`."""
+    peer_max_size: int = PEER_MAX_SIZE
+    peer_qps: int = PEER_QPS
+    """The controller-manager's client QPS for `JOBSET_RAISED` (burst twice that)."""
     cluster: str = "bench"
     keep: bool = False
     name: str = "restart_scale"

@@ -1,6 +1,7 @@
 """The figures of one gang size: per mode, the median and p90 (nearest rank) of the restart
-time, of each step and of the controller's share, CPU and API requests, over the repetitions
-that finished; Recreate against in place, and in place against its floor."""
+time, of each step, of the CPU each process spent within it, and of the controller's share, CPU
+and API requests, over the repetitions that finished; Recreate and the peer against in place,
+and in place against its floor."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from benchmarks.scale.cluster import World
-from benchmarks.scale.settings import MODES
+from benchmarks.scale.settings import JOBSET, JOBSET_RAISED, REPORTED_MODES
 
 
 def p90(values: list[float]) -> float:
@@ -26,42 +27,53 @@ def _stat(values: Iterable[float | None]) -> dict[str, float] | None:
     return {"median": round(statistics.median(vals), 3), "p90": round(p90(vals), 3)}
 
 
+def _median(values: Iterable[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return round(statistics.median(vals), 3) if vals else None
+
+
 def summarize(w: World, rows: list[dict[str, Any]], startup: dict[str, float]) -> dict[str, Any]:
     modes: dict[str, Any] = {}
-    for mode in MODES:
+    for mode in REPORTED_MODES:
         every = [r for r in rows if r["mode"] == mode]
         if not every:
             continue
         mine = [r for r in every if not r.get("unfinished")]
+        ctl = [r["controller"] for r in mine if "controller" in r]
         step_names = list(max(every, key=lambda r: len(r["steps"]))["steps"])
+        procs = sorted({p for r in mine for p in r.get("cpu_s", {})})
         modes[mode] = {
             "reps": len(mine),
             # Repetitions that overran their limit: no time, only that it exceeded the limit.
             "unfinished_over_s": [r["limit_s"] for r in every if r.get("unfinished")],
             "seconds": _stat(r["seconds"] for r in mine),
             "steps": {s: _stat(r["steps"].get(s) for r in mine) for s in step_names},
+            # This process's CPU within the restart's span (the simulation's share), and the
+            # restart time less it: what a cluster whose kubelets and agents run elsewhere
+            # might see.
+            "bench_cpu_s": _stat(r.get("bench_cpu_s") for r in mine),
+            "seconds_minus_bench_cpu": _stat(r.get("seconds_minus_bench_cpu") for r in mine),
+            "cpu_s": {p: _median(r.get("cpu_s", {}).get(p) for r in mine) for p in procs},
             "controller_share_s": {
-                s: _stat(r["controller"]["share_s"].get(s) for r in mine)
-                for s in ("bump", "barrier")
+                s: _stat(c["share_s"].get(s) for c in ctl) for s in ("bump", "barrier")
             },
-            "controller_cpu_s": _stat(r["controller"]["cpu_s"] for r in mine),
-            "api_requests": _stat(r["controller"]["requests"].get("all", 0) for r in mine),
+            "controller_cpu_s": _stat(c["cpu_s"] for c in ctl),
+            "api_requests": _stat(c["requests"].get("all", 0) for c in ctl),
             "api_requests_by_method": {
-                m: statistics.median(r["controller"]["requests"].get(m, 0) for r in mine)
+                m: statistics.median(c["requests"].get(m, 0) for c in ctl)
                 for m in ("GET", "LIST", "POST", "PATCH", "DELETE")
             }
-            if mine
+            if ctl
             else {},
         }
-    rc = modes.get("recreate")
 
-    def over(mode: str) -> float | None:
-        ip = modes.get(mode)
-        if ip and rc and ip["seconds"] and rc["seconds"] and ip["seconds"]["median"]:
-            return round(float(rc["seconds"]["median"]) / float(ip["seconds"]["median"]), 2)
+    def over(slow: str, fast: str) -> float | None:
+        """How many times slower `slow` is than `fast` (their medians)."""
+        a, b = (modes.get(slow) or {}).get("seconds"), (modes.get(fast) or {}).get("seconds")
+        if a and b and b["median"]:
+            return round(float(a["median"]) / float(b["median"]), 2)
         return None
 
-    ratio, ratio_annotation = over("in-place"), over("in-place-annotation")
     # floor runs to every agent past the barrier: the in-place restart is held against it over
     # the same span, from the failure visible to every agent's barrier open.
     to_open = _stat(
@@ -77,8 +89,10 @@ def summarize(w: World, rows: list[dict[str, Any]], startup: dict[str, float]) -
         "workers": w.n,
         "startup_s": startup,
         "modes": modes,
-        "recreate_over_in_place": ratio,
-        "recreate_over_in_place_annotation": ratio_annotation,
+        "recreate_over_in_place": over("recreate", "in-place"),
+        "recreate_over_in_place_annotation": over("recreate", "in-place-annotation"),
+        "jobset_over_in_place": over(JOBSET, "in-place"),
+        "jobset_raised_over_in_place": over(JOBSET_RAISED, "in-place"),
         "in_place_to_open_s": to_open,
         "in_place_over_floor": above_floor,
         "controller_rss_max_mib": round(w.rss_max, 1),

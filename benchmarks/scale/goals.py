@@ -1,0 +1,269 @@
+"""The goals a scale run is held against, printed with its results and never asserted: each
+one's figures, and "met", "not met (the step that holds it)" or "not measured (why)".
+
+Pure: the run's summarized results in, one `Verdict` per goal out."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from benchmarks.scale.settings import JOBSET, JOBSET_RAISED, Settings
+
+IN_PLACE_MAX_S = {100: 3.0, 1000: 4.0, 5000: 8.0}
+"""In place, failure visible -> barrier written, median, at each N."""
+IN_PLACE_OVER_FLOOR_MAX = 2.0
+RECREATE_OVER_IN_PLACE_MIN, RECREATE_AT = 40.0, 5000
+JOBSET_RAISED_OVER_IN_PLACE_MIN, JOBSET_OVER_IN_PLACE_MIN, JOBSET_AT = 8.0, 30.0, 1000
+CONTROLLER_SHARE_MAX_S, SHARE_AT = 0.5, 5000
+NODE_LOST_AT, NODE_LOST_SLACK_S = 1000, 1.0
+"""node-lost within in place + a new pod's start (the simulated kubelet's) + this."""
+RSS_MAX_MIB, RSS_AT = 250.0, 5000
+API_GROWTH_MAX = 1.5
+"""Controller API requests per in-place restart are O(1) in N if the largest N's count is at
+most this many times the smallest N's (plus `API_GROWTH_SLACK`): progress-only writes (at most
+one a second) grow with a restart's duration, not with N."""
+API_GROWTH_SLACK = 5
+PROCESS_MAX_S, PROCESS_AT = 3.0, 5000
+
+Results = dict[int, dict[str, Any]]
+"""Each size's summarized results, by N."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    goal: str
+    met: bool | None
+    """None: not measured in this run."""
+    figures: str
+    why: str = ""
+    """What holds a goal not met, or why it was not measured."""
+
+    def line(self) -> str:
+        if self.met is None:
+            state = f"not measured ({self.why})"
+        elif self.met:
+            state = "met"
+        else:
+            state = f"not met ({self.why})"
+        return f"- {self.goal}: {self.figures + ' -> ' if self.figures else ''}{state}"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def median(res: dict[str, Any], mode: str, key: str = "seconds") -> float | None:
+    stat = (res["modes"].get(mode) or {}).get(key)
+    return None if stat is None else float(stat["median"])
+
+
+def step_medians(res: dict[str, Any], mode: str) -> dict[str, float]:
+    """The mode's steps within its span (a restart's steps before it or after it are not
+    part of its time), by median."""
+    m = res["modes"].get(mode) or {}
+    steps = {k: float(v["median"]) for k, v in (m.get("steps") or {}).items() if v is not None}
+    runs = [r for r in res.get("runs", []) if r["mode"] == mode and r.get("span")]
+    span = str(runs[0]["span"]) if runs else ""
+    if "->" not in span or " " in span:
+        return steps
+    start, end = span.split("->")
+    names = list(steps)
+    first = next((i for i, s in enumerate(names) if s.startswith(f"{start}->")), 0)
+    last = next((i for i, s in enumerate(names) if s.endswith(f"->{end}")), len(names) - 1)
+    return {s: steps[s] for s in names[first : last + 1]}
+
+
+def slowest(res: dict[str, Any], mode: str) -> str:
+    """The slowest step of the mode, as the report names it."""
+    steps = step_medians(res, mode)
+    if not steps:
+        return f"no {mode} steps measured"
+    name = max(steps, key=lambda s: steps[s])
+    return f"{mode} {name} {steps[name]:.2f} s"
+
+
+def _at(results: Results, n: int) -> tuple[dict[str, Any] | None, str]:
+    """The results at N=`n`, or why there are none."""
+    res = results.get(n)
+    return res, "" if res is not None else f"N={n} not in this run"
+
+
+def in_place_time(results: Results) -> list[Verdict]:
+    out = []
+    for n, limit in IN_PLACE_MAX_S.items():
+        goal = f"in place <= {limit:g} s at N={n}"
+        res, why = _at(results, n)
+        ip = median(res, "in-place") if res else None
+        if res is None or ip is None:
+            out.append(Verdict(goal, None, "", why or "no in-place restart finished"))
+            continue
+        out.append(Verdict(goal, ip <= limit, f"{ip:.2f} s", slowest(res, "in-place")))
+    return out
+
+
+def _over_floor_step(res: dict[str, Any]) -> str:
+    """The in-place step furthest above its counterpart in floor."""
+    ip, fl = step_medians(res, "in-place"), (res["modes"]["floor"].get("steps") or {})
+    ip_all = {k: float(v["median"]) for k, v in res["modes"]["in-place"]["steps"].items() if v}
+    flm = {k: float(v["median"]) for k, v in fl.items() if v}
+    to_arrive = sum(flm.get(s, 0.0) for s in ("injected->seen", "seen->restarted",
+                                              "restarted->arrived"))  # fmt: skip
+    excess = {
+        # floor has no failure to detect nor a barrier to decide: those count whole.
+        "visible->epoch": ip.get("visible->epoch", 0.0),
+        "epoch->arrived": ip.get("epoch->arrived", 0.0) - to_arrive,
+        "arrived->barrier": ip.get("arrived->barrier", 0.0),
+        "barrier->open": ip_all.get("barrier->open", 0.0) - flm.get("barrier->open", 0.0),
+    }
+    name = max(excess, key=lambda s: excess[s])
+    return f"in-place {name} {excess[name]:+.2f} s over floor's"
+
+
+def in_place_over_floor(results: Results) -> list[Verdict]:
+    goal = f"in place within {IN_PLACE_OVER_FLOOR_MAX:g}x of floor at every N"
+    measured = {n: r for n, r in results.items() if r.get("in_place_over_floor") is not None}
+    if not measured:
+        return [Verdict(goal, None, "", "in-place and floor not both measured")]
+    figures = ", ".join(f"N={n} {r['in_place_over_floor']}x" for n, r in sorted(measured.items()))
+    over = [(n, r) for n, r in sorted(measured.items())
+            if r["in_place_over_floor"] > IN_PLACE_OVER_FLOOR_MAX]  # fmt: skip
+    missing = sorted(set(results) - set(measured))
+    if over:
+        why = "; ".join(f"N={n}: {_over_floor_step(r)}" for n, r in over)
+        return [Verdict(goal, False, figures, why)]
+    if missing:
+        return [Verdict(goal, None, figures, f"not measured at N={missing}")]
+    return [Verdict(goal, True, figures)]
+
+
+def _ratio_goal(
+    results: Results, n: int, goal: str, key: str, minimum: float, slow: str, hint: str
+) -> Verdict:
+    res, why = _at(results, n)
+    value = res.get(key) if res else None
+    if res is None or value is None:
+        return Verdict(goal, None, "", why or f"{slow} or in-place not measured at N={n}{hint}")
+    figures = (
+        f"{value}x ({slow} {median(res, slow):.2f} s, in-place {median(res, 'in-place'):.2f} s)"
+    )
+    return Verdict(goal, value >= minimum, figures, slowest(res, "in-place"))
+
+
+def ratios(results: Results, settings: Settings) -> list[Verdict]:
+    peer = "jobset" in settings.peers and settings.peer_max_size >= JOBSET_AT
+    hint = "" if peer else f" (needs --peers jobset and --peer-max-size >= {JOBSET_AT})"
+    return [
+        _ratio_goal(
+            results, RECREATE_AT,
+            f"Recreate / in place >= {RECREATE_OVER_IN_PLACE_MIN:g}x at N={RECREATE_AT}",
+            "recreate_over_in_place", RECREATE_OVER_IN_PLACE_MIN, "recreate", "",
+        ),
+        _ratio_goal(
+            results, JOBSET_AT,
+            f"in place >= {JOBSET_RAISED_OVER_IN_PLACE_MIN:g}x faster than JobSet with the "
+            f"controller-manager's QPS raised, at N={JOBSET_AT}",
+            "jobset_raised_over_in_place", JOBSET_RAISED_OVER_IN_PLACE_MIN, JOBSET_RAISED, hint,
+        ),
+        _ratio_goal(
+            results, JOBSET_AT,
+            f"in place >= {JOBSET_OVER_IN_PLACE_MIN:g}x faster than JobSet at defaults, at "
+            f"N={JOBSET_AT}",
+            "jobset_over_in_place", JOBSET_OVER_IN_PLACE_MIN, JOBSET, hint,
+        ),
+    ]  # fmt: skip
+
+
+def controller_share(results: Results) -> list[Verdict]:
+    goal = (
+        f"controller share (failure -> epoch written + last arrival -> barrier written) "
+        f"<= {CONTROLLER_SHARE_MAX_S:g} s at N={SHARE_AT}"
+    )
+    res, why = _at(results, SHARE_AT)
+    share = ((res["modes"].get("in-place") or {}).get("controller_share_s") or {}) if res else {}
+    bump, barrier = (share.get(s) for s in ("bump", "barrier"))
+    if res is None or bump is None or barrier is None:
+        return [Verdict(goal, None, "", why or "no in-place controller share measured")]
+    b1, b2 = float(bump["median"]), float(barrier["median"])
+    total = b1 + b2
+    figures = f"{total:.2f} s (failure->epoch {b1:.2f} + last arrival->barrier {b2:.2f})"
+    held = f"failure->epoch {b1:.2f} s" if b1 >= b2 else f"last arrival->barrier {b2:.2f} s"
+    return [Verdict(goal, total <= CONTROLLER_SHARE_MAX_S, figures, held)]
+
+
+def node_lost(results: Results, settings: Settings) -> list[Verdict]:
+    goal = (
+        f"node-lost within in place + a new pod's start ({settings.start_delay:g} s) + "
+        f"{NODE_LOST_SLACK_S:g} s at N={NODE_LOST_AT}"
+    )
+    res, why = _at(results, NODE_LOST_AT)
+    nl = median(res, "node-lost") if res else None
+    ip = median(res, "in-place") if res else None
+    if res is None or nl is None or ip is None:
+        return [Verdict(goal, None, "", why or "node-lost or in-place not measured")]
+    limit = ip + settings.start_delay + NODE_LOST_SLACK_S
+    figures = f"{nl:.2f} s against {limit:.2f} s"
+    return [Verdict(goal, nl <= limit, figures, slowest(res, "node-lost"))]
+
+
+def controller_rss(results: Results) -> list[Verdict]:
+    goal = f"controller RSS <= {RSS_MAX_MIB:g} MiB at N={RSS_AT}"
+    res, why = _at(results, RSS_AT)
+    rss = res.get("controller_rss_max_mib") if res else None
+    if res is None or not rss:
+        return [Verdict(goal, None, "", why or "not sampled")]
+    return [Verdict(goal, rss <= RSS_MAX_MIB, f"max {rss} MiB", f"max RSS {rss} MiB at N={RSS_AT}")]
+
+
+def api_requests(results: Results) -> list[Verdict]:
+    goal = "controller API requests per in-place restart O(1) in N"
+    counts: dict[int, tuple[float, dict[str, float]]] = {}
+    for n, res in sorted(results.items()):
+        m = res["modes"].get("in-place") or {}
+        if m.get("api_requests"):
+            counts[n] = (float(m["api_requests"]["median"]), m.get("api_requests_by_method") or {})
+    if not counts:
+        return [Verdict(goal, None, "", "no in-place restart measured")]
+    figures = ", ".join(
+        f"N={n}: {total:g} ({', '.join(f'{k} {v:g}' for k, v in by.items() if v)})"
+        for n, (total, by) in counts.items()
+    )
+    if len(counts) < 2:
+        return [Verdict(goal, None, figures, "one size only: growth not judged")]
+    (n0, (c0, by0)), (n1, (c1, by1)) = min(counts.items()), max(counts.items())
+    grows = c1 > API_GROWTH_MAX * c0 + API_GROWTH_SLACK
+    method = max(by1, key=lambda k: by1.get(k, 0) - by0.get(k, 0), default="")
+    why = (
+        f"they grow: {c0:g} at N={n0} -> {c1:g} at N={n1}, most in {method} "
+        f"({by0.get(method, 0):g} -> {by1.get(method, 0):g})"
+    )
+    figures += f"; {'grow' if grows else 'do not grow'} from N={n0} to N={n1}"
+    return [Verdict(goal, not grows, figures, why)]
+
+
+def process_mode(results: Results) -> list[Verdict]:
+    goal = f"Process mode in place <= {PROCESS_MAX_S:g} s at N={PROCESS_AT}"
+    res, why = _at(results, PROCESS_AT)
+    modes = [m for m in (res or {}).get("modes", {}) if "process" in m.lower()]
+    if res is None or not modes:
+        return [Verdict(goal, None, "", why or "the report has no Process row")]
+    t = median(res, modes[0])
+    if t is None:
+        return [Verdict(goal, None, "", f"no {modes[0]} restart finished")]
+    return [Verdict(goal, t <= PROCESS_MAX_S, f"{t:.2f} s", slowest(res, modes[0]))]
+
+
+def verdicts(results: list[dict[str, Any]], settings: Settings) -> list[Verdict]:
+    """Every goal, in the issue's order."""
+    by_n: Results = {res["workers"]: res for res in results}
+    checks: list[Callable[[], list[Verdict]]] = [
+        lambda: in_place_time(by_n),
+        lambda: in_place_over_floor(by_n),
+        lambda: ratios(by_n, settings),
+        lambda: controller_share(by_n),
+        lambda: node_lost(by_n, settings),
+        lambda: controller_rss(by_n),
+        lambda: api_requests(by_n),
+        lambda: process_mode(by_n),
+    ]
+    return [v for check in checks for v in check()]
