@@ -69,6 +69,12 @@ def main() -> int:
         "default %(default)s)",
     )
     p.add_argument("--cluster", default="bench", help="local cluster to use (started if down)")
+    p.add_argument(
+        "--name",
+        default="restart_scale",
+        help="the results' file name in benchmarks/results (default %(default)s), so that runs "
+        "side by side keep their own",
+    )
     p.add_argument("--keep", action="store_true", help="leave a cluster this run started up")
     a = p.parse_args()
     modes = tuple(m for m in a.modes.split(",") if m)
@@ -84,6 +90,6 @@ def main() -> int:
         sizes=sizes, reps=a.reps, restart_delay=a.restart_delay, start_delay=a.start_delay,
         modes=modes, peers=peers, peer_max_size=a.peer_max_size, peer_qps=a.peer_qps,
         scheduler_qps=a.scheduler_qps, endpoint_batch=a.endpoint_batch,
-        cluster=a.cluster, keep=a.keep,
+        cluster=a.cluster, keep=a.keep, name=a.name,
     )  # fmt: skip
     return asyncio.run(run(settings))
