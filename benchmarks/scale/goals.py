@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from benchmarks.scale.settings import JOBSET, JOBSET_RAISED, Settings
+from benchmarks.scale.settings import IN_PLACE_RAISED, JOBSET, JOBSET_RAISED, Settings
 
 IN_PLACE_MAX_S = {100: 3.0, 1000: 4.0, 5000: 8.0}
 """In place, failure visible -> barrier written, median, at each N."""
@@ -147,6 +147,12 @@ def _ratio_goal(
     figures = (
         f"{value}x ({slow} {median(res, slow):.2f} s, in-place {median(res, 'in-place'):.2f} s)"
     )
+    same = res.get("jobset_raised_over_in_place_raised") if slow == JOBSET_RAISED else None
+    if same is not None:
+        figures += (
+            f"; {same}x against in-place on the same controller-manager "
+            f"({median(res, IN_PLACE_RAISED):.2f} s)"
+        )
     return Verdict(goal, value >= minimum, figures, slowest(res, "in-place"))
 
 

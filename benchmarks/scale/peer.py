@@ -7,9 +7,10 @@ what a run uses. One pod is failed the way the benchmark fails GangJob's workers
 patch as its kubelet would write it (`failed_pod_status`); the restart runs from that failure
 seen in this process's watch to all N pods of the next restart attempt
 (`jobset.sigs.k8s.io/restart-attempt`) Running. In between: the Job controller fails the Job
-(backoffLimit 0) and deletes its running pods, JobSet counts a restart and deletes the Job
-(foreground: it is gone once its pods are), creates the Job of the next attempt under the same
-name, and the Job controller creates its N pods, the scheduler binds them and KWOK runs them.
+(backoffLimit 0), deletes its running pods and takes its tracking finalizer off each, and only
+then marks the Job Failed; JobSet counts a restart and deletes the Job (foreground), creates the
+Job of the next attempt under the same name once the old one is gone, and the Job controller
+creates its N pods, the scheduler binds them and KWOK runs them.
 
 Two rows: with the controller-manager at its default client QPS (20, burst 30: the Job
 controller's pod creates and deletes and the garbage collector's deletes each go through a
@@ -28,7 +29,6 @@ from typing import Any
 
 from benchmarks.common import Progress
 from benchmarks.scale.cluster import World
-from benchmarks.scale.controlplane import controller_manager_qps
 from benchmarks.scale.observer import (
     Check,
     NotReached,
@@ -39,7 +39,7 @@ from benchmarks.scale.observer import (
     uid,
 )
 from benchmarks.scale.scenarios import Unfinished, between, print_row, timed, unfinished_row
-from benchmarks.scale.settings import BENCH_LABEL, JOBSET, JOBSET_RAISED
+from benchmarks.scale.settings import BENCH_LABEL
 from controller.k8s import PODS, JsonDict, Kube, NotFound, ResourceKind, selector
 from localcluster import jobset
 from localcluster.cluster import Cluster
@@ -51,15 +51,26 @@ MAX_RESTARTS = 1000
 VISIBLE_TO_RUNNING = between("visible", "running")
 
 BOUND_BY = {
-    "visible->restarted": "the Job controller failing the Job, then JobSet's reconcile",
-    "restarted->deleted": "deleting the old pods: the Job controller's and the garbage "
-    "collector's deletes at the controller-manager's client QPS",
+    "visible->stopped": "the Job controller failing the Job and deleting its running pods, "
+    "one DELETE each at the controller-manager's client QPS",
+    "stopped->restarted": "the Job controller removing its tracking finalizer from each old "
+    "pod, one PATCH each at the controller-manager's client QPS, before it marks the Job "
+    "Failed and JobSet restarts",
+    "restarted->deleted": "JobSet's foreground delete of the old Job (the garbage collector)",
     "deleted->first-new": "JobSet creating the Job again once the old one is gone",
-    "first-new->created": "the Job controller's pod creates at the controller-manager's client QPS",
+    "first-new->created": "the Job controller's pod creates, one POST each at the "
+    "controller-manager's client QPS",
     "created->scheduled": "the scheduler's binds at its client QPS (50)",
     "scheduled->running": "KWOK reporting the pods Running",
 }
 """What each step of a JobSet restart waits on, for the report's "bound by"."""
+RATES = {
+    "visible->stopped": "old pods deleted",
+    "stopped->restarted": "finalizers removed",
+    "first-new->created": "new pods created",
+    "created->scheduled": "bound",
+}
+"""Steps that are one request per pod, and what the report calls their rate."""
 
 
 def start(cluster: Cluster) -> JobSetController:
@@ -173,6 +184,7 @@ async def restart(w: World, mode: str, rep: int) -> dict[str, Any]:
 
         checks: dict[str, Check] = {
             "visible": lambda: tracker.failed_at.get(uid(victim)),
+            "stopped": polled(lambda: tracker.count(0, running) == 0),
             "restarted": lambda: tracker.restarts_at.get(1),
             "deleted": polled(lambda: tracker.count(0) == 0),
             "first-new": polled(lambda: tracker.count(1) > 0),
@@ -182,7 +194,8 @@ async def restart(w: World, mode: str, rep: int) -> dict[str, Any]:
         }
         row = await timed(
             w, mode, rep, fail, checks,
-            ["visible", "restarted", "deleted", "first-new", "created", "scheduled", "running"],
+            ["visible", "stopped", "restarted", "deleted", "first-new", "created", "scheduled",
+             "running"],
             w.timeout(0.6, 180),
             lambda: f"restarts {max(tracker.restarts_at, default=0)}, {tracker.count(0)}/{n} "
             f"old pods left, {tracker.count(1)}/{n} new, {tracker.count(1, _scheduled)}/{n} "
@@ -213,21 +226,15 @@ async def delete(w: World, name: str, tracker: JobSetTracker) -> None:
     )  # fmt: skip
 
 
-async def measure(w: World, rows: list[dict[str, Any]]) -> None:
-    """JobSet's restart at the controller-manager's defaults, then with its client QPS raised,
-    `reps` times each, appended to `rows` as they are taken."""
-    for mode in (JOBSET, JOBSET_RAISED):
-        async with (
-            controller_manager_qps(w.cluster, w.settings.peer_qps)
-            if mode == JOBSET_RAISED
-            else contextlib.nullcontext()
-        ):
-            for rep in range(w.settings.reps):
-                try:
-                    rows.append(await restart(w, mode, rep))
-                except Unfinished as e:
-                    rows.append(e.row)
-                    print(f"  N={w.n} {e}: not Running again within {e.row['limit_s']}s "
-                          f"(waiting for {e.row['missing']}; {e.row['state']}); the rest of "
-                          f"{mode} is skipped", file=sys.stderr)  # fmt: skip
-                    break
+async def measure(w: World, mode: str, rows: list[dict[str, Any]]) -> None:
+    """`reps` JobSet restarts as `mode` (the controller-manager as it runs now), appended to
+    `rows` as they are taken; one that overruns ends them."""
+    for rep in range(w.settings.reps):
+        try:
+            rows.append(await restart(w, mode, rep))
+        except Unfinished as e:
+            rows.append(e.row)
+            print(f"  N={w.n} {e}: not Running again within {e.row['limit_s']}s "
+                  f"(waiting for {e.row['missing']}; {e.row['state']}); the rest of "
+                  f"{mode} is skipped", file=sys.stderr)  # fmt: skip
+            return

@@ -12,9 +12,10 @@ from benchmarks.common import RESULTS, markdown_table, write_json
 from benchmarks.plot import plot_lines
 from benchmarks.scale.cpu import BENCH
 from benchmarks.scale.goals import RECREATE_OVER_IN_PLACE_MIN, verdicts
-from benchmarks.scale.peer import BOUND_BY
+from benchmarks.scale.peer import BOUND_BY, RATES
 from benchmarks.scale.settings import (
     ANNOTATION_FLOOR_CONCURRENCY,
+    IN_PLACE_RAISED,
     JOBSET,
     JOBSET_RAISED,
     PEER_MODES,
@@ -39,6 +40,8 @@ def label(mode: str, settings: Settings) -> str:
         return "JobSet"
     if mode == JOBSET_RAISED:
         return f"JobSet (QPS {settings.peer_qps})"
+    if mode == IN_PLACE_RAISED:
+        return f"in-place (QPS {settings.peer_qps})"
     return mode
 
 
@@ -66,6 +69,10 @@ RATIOS = {
     "in-place-annotation": ("Recreate / in-place-annotation", "recreate_over_in_place_annotation"),
     JOBSET: ("JobSet / in-place", "jobset_over_in_place"),
     JOBSET_RAISED: ("JobSet (QPS {qps}) / in-place", "jobset_raised_over_in_place"),
+    IN_PLACE_RAISED: (
+        "JobSet (QPS {qps}) / in-place (QPS {qps})",
+        "jobset_raised_over_in_place_raised",
+    ),
 }
 """The ratio of medians a mode's row shows: its label, and its key in the results."""
 
@@ -126,12 +133,7 @@ def bound_by(res: dict[str, Any], settings: Settings) -> list[str]:
         if not steps:
             continue
         slow = max(steps, key=lambda s: steps[s])
-        rates = [
-            f"{what} {n / steps[s]:.0f}/s"
-            for s, what in (("restarted->deleted", "old pods deleted"),
-                            ("first-new->created", "new pods created"))
-            if steps.get(s)
-        ]  # fmt: skip
+        rates = [f"{what} {n / steps[s]:.0f}/s" for s, what in RATES.items() if steps.get(s)]
         lines.append(
             f"- {label(mode, settings)}: bound by {slow} ({steps[slow]:.2f} s): "
             f"{BOUND_BY.get(slow, '?')}" + (f"; {', '.join(rates)}" if rates else "")
@@ -229,7 +231,10 @@ def report(settings: Settings, meta: dict[str, Any], results: list[dict[str, Any
             f"raised to {settings.peer_qps} (burst {2 * settings.peer_qps}; the "
             "controller-manager alone restarted for it), as an operator of large gangs "
             f"would. Measured at N <= {settings.peer_max_size} (`--peer-max-size`). GangJob's "
-            "modes ran with the controller-manager at its defaults.",
+            "modes ran with the controller-manager at its defaults, and in-place again, "
+            f"`in-place (QPS {settings.peer_qps})`, on the raised one, beside JobSet's. "
+            "`bound by` names each JobSet row's slowest step, what it waits on, and the rate "
+            "of the steps that are one request per pod (N / the step's median).",
             "",
         ]
     parts += ["## Summary (medians, s)", "", summary_table(results, settings), ""]

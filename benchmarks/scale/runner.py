@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import sys
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agent.apiclient import HttpClient, ssl_context
@@ -22,11 +24,12 @@ from benchmarks.scale.cluster import (
     steady,
     teardown_gang,
 )
+from benchmarks.scale.controlplane import controller_manager_qps
 from benchmarks.scale.floors import annotation_floor, floor
 from benchmarks.scale.observer import CtlSample, JobTracker
 from benchmarks.scale.report import report, report_data, size_table, write_results
 from benchmarks.scale.scenarios import Unfinished, in_place, node_lost, recreate
-from benchmarks.scale.settings import Settings
+from benchmarks.scale.settings import IN_PLACE_RAISED, JOBSET, JOBSET_RAISED, Settings
 from benchmarks.scale.stats import summarize
 from controller.k8s import NAMESPACES, NODES, Kube, NotFound
 from localcluster.cluster import Cluster
@@ -53,30 +56,13 @@ async def run_size(w: World) -> dict[str, Any]:
         if "recreate" in w.settings.modes:
             gangs.append(("rc", "Recreate"))
         for gang, mode in gangs:
-            tracker = JobTracker(w.kube, w.ns, gang)
-            track_task = asyncio.create_task(tracker.run())
-            try:
-                cpu0 = CtlSample.take(w.ctl)
-                startup[mode] = round(await start_gang(w, gang, mode, tracker), 2)
-                reqs = CtlSample.take(w.ctl).since(cpu0)["requests"].get("all", 0)
-                print(f"  N={w.n} {mode} gang running in {startup[mode]:.1f}s "
-                      f"({reqs} controller API requests)", file=sys.stderr)  # fmt: skip
-                await steady(w, tracker, 0)
-                try:
-                    await measure_gang(w, tracker, gang, mode, rows)
-                except Unfinished as e:
-                    rows.append(e.row)
-                    print(f"  N={w.n} {e}: no barrier within {e.row['limit_s']}s "
-                          f"(waiting for {e.row['missing']}; {e.row['state']}); the rest "
-                          f"of gang {gang} is skipped", file=sys.stderr)  # fmt: skip
-                await teardown_gang(w, gang)
-            finally:
-                track_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await track_task
+            await run_gang(
+                w, gang, mode, mode, startup, rows,
+                functools.partial(measure_gang, w, gang=gang, mode=mode, rows=rows),
+            )  # fmt: skip
         # The peer last, on the same nodes, once GangJob's gangs are gone.
         if w.peer is not None and w.n <= w.settings.peer_max_size:
-            await peer.measure(w, rows)
+            await measure_peer(w, startup, rows)
     finally:
         sim_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -90,8 +76,59 @@ async def run_size(w: World) -> dict[str, Any]:
     return summarize(w, rows, startup)
 
 
+async def run_gang(
+    w: World,
+    gang: str,
+    mode: str,
+    name: str,
+    startup: dict[str, float],
+    rows: list[dict[str, Any]],
+    measure: Callable[[JobTracker], Awaitable[None]],
+) -> None:
+    """Starts a gang of restart mode `mode`, measures it, tears it down; its startup time goes
+    to `startup[name]`. A repetition that overran ends the gang's measurements."""
+    tracker = JobTracker(w.kube, w.ns, gang)
+    track_task = asyncio.create_task(tracker.run())
+    try:
+        cpu0 = CtlSample.take(w.ctl)
+        startup[name] = round(await start_gang(w, gang, mode, tracker), 2)
+        reqs = CtlSample.take(w.ctl).since(cpu0)["requests"].get("all", 0)
+        print(f"  N={w.n} {name} gang running in {startup[name]:.1f}s "
+              f"({reqs} controller API requests)", file=sys.stderr)  # fmt: skip
+        await steady(w, tracker, 0)
+        try:
+            await measure(tracker)
+        except Unfinished as e:
+            rows.append(e.row)
+            print(f"  N={w.n} {e}: no barrier within {e.row['limit_s']}s "
+                  f"(waiting for {e.row['missing']}; {e.row['state']}); the rest "
+                  f"of gang {gang} is skipped", file=sys.stderr)  # fmt: skip
+        await teardown_gang(w, gang)
+    finally:
+        track_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await track_task
+
+
+async def measure_peer(w: World, startup: dict[str, float], rows: list[dict[str, Any]]) -> None:
+    """JobSet's restarts at the controller-manager's defaults; then, with its client QPS
+    raised, GangJob's in-place restart (if asked for) and JobSet's again, so that each pair
+    compares at the same settings."""
+    await peer.measure(w, JOBSET, rows)
+    async with controller_manager_qps(w.cluster, w.settings.peer_qps):
+        if "in-place" in w.settings.modes:
+
+            async def in_place_raised(tracker: JobTracker) -> None:
+                for rep in range(w.settings.reps):
+                    rows.append(await in_place(w, tracker, rep, "iq", IN_PLACE_RAISED))
+
+            name = f"Pod (controller-manager QPS {w.settings.peer_qps})"
+            await run_gang(w, "iq", "Pod", name, startup, rows, in_place_raised)
+        await peer.measure(w, JOBSET_RAISED, rows)
+
+
 async def measure_gang(
-    w: World, tracker: JobTracker, gang: str, mode: str, rows: list[dict[str, Any]]
+    w: World, tracker: JobTracker, *, gang: str, mode: str, rows: list[dict[str, Any]]
 ) -> None:
     """Every measurement asked for on one running gang, appended to `rows` as it is taken."""
     reps, want, direct = w.settings.reps, w.settings.modes, w.s.arrival_url

@@ -15,7 +15,9 @@ JOBSET, JOBSET_RAISED = "jobset", "jobset-raised"
 """The JobSet peer's restart with the controller-manager at its default client QPS (20, burst
 30), and with it raised (`Settings.peer_qps`), as an operator of large gangs would."""
 PEER_MODES = (JOBSET, JOBSET_RAISED)
-REPORTED_MODES = (*MODES, *PEER_MODES)
+IN_PLACE_RAISED = "in-place-raised"
+"""GangJob's in-place restart on the controller-manager of `JOBSET_RAISED`, beside it."""
+REPORTED_MODES = (*MODES, JOBSET, IN_PLACE_RAISED, JOBSET_RAISED)
 """Every row a report can hold, in its order."""
 PEER_QPS = 500
 """The controller-manager's raised client QPS for `JOBSET_RAISED` (burst twice that)."""

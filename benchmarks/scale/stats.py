@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from benchmarks.scale.cluster import World
-from benchmarks.scale.settings import JOBSET, JOBSET_RAISED, REPORTED_MODES
+from benchmarks.scale.settings import IN_PLACE_RAISED, JOBSET, JOBSET_RAISED, REPORTED_MODES
 
 
 def p90(values: list[float]) -> float:
@@ -93,6 +93,7 @@ def summarize(w: World, rows: list[dict[str, Any]], startup: dict[str, float]) -
         "recreate_over_in_place_annotation": over("recreate", "in-place-annotation"),
         "jobset_over_in_place": over(JOBSET, "in-place"),
         "jobset_raised_over_in_place": over(JOBSET_RAISED, "in-place"),
+        "jobset_raised_over_in_place_raised": over(JOBSET_RAISED, IN_PLACE_RAISED),
         "in_place_to_open_s": to_open,
         "in_place_over_floor": above_floor,
         "controller_rss_max_mib": round(w.rss_max, 1),

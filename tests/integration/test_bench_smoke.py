@@ -12,7 +12,7 @@ import pytest
 from benchmarks.scale.controlplane import CONTROLLER_MANAGER, command_line
 from benchmarks.scale.report import report, write_results
 from benchmarks.scale.runner import run_on
-from benchmarks.scale.settings import JOBSET, JOBSET_RAISED, MODES, Settings
+from benchmarks.scale.settings import IN_PLACE_RAISED, JOBSET, JOBSET_RAISED, MODES, Settings
 from localcluster.cluster import Cluster
 
 pytestmark = pytest.mark.integration
@@ -112,7 +112,8 @@ async def test_the_jobset_peer_restarts_the_same_gang_and_the_goals_are_printed(
     sim_cluster: Cluster, tmp_path: Path
 ) -> None:
     """`--peers jobset`: JobSet's restart of a gang of 3 at the controller-manager's defaults
-    and with its client QPS raised, beside GangJob's in place, and the goals section."""
+    and with its client QPS raised, each beside GangJob's in place at the same settings, and
+    the goals section."""
     settings = Settings(
         sizes=[3], reps=1, restart_delay=0.2, start_delay=0.1, name="peer", results_dir=tmp_path,
         modes=("in-place", "floor"), peers=("jobset",),
@@ -120,19 +121,22 @@ async def test_the_jobset_peer_restarts_the_same_gang_and_the_goals_are_printed(
     data = await run_on(sim_cluster, settings)
 
     (res,) = data["results"]
-    assert list(res["modes"]) == ["in-place", "floor", JOBSET, JOBSET_RAISED]
+    assert list(res["modes"]) == ["in-place", "floor", JOBSET, IN_PLACE_RAISED, JOBSET_RAISED]
     for mode in (JOBSET, JOBSET_RAISED):
         m = res["modes"][mode]
         assert m["reps"] == 1, mode
         assert m["seconds"]["median"] > 0, mode
         assert set(m["steps"]) == {
-            "injected->visible", "visible->restarted", "restarted->deleted",
+            "injected->visible", "visible->stopped", "stopped->restarted", "restarted->deleted",
             "deleted->first-new", "first-new->created", "created->scheduled",
             "scheduled->running",
         }, mode  # fmt: skip
         assert m["cpu_s"]["jobset-controller"] >= 0, mode
     assert res["jobset_over_in_place"] > 0
     assert res["jobset_raised_over_in_place"] > 0
+    # GangJob in place on the raised controller-manager too, beside JobSet's.
+    assert res["modes"][IN_PLACE_RAISED]["reps"] == 1
+    assert res["jobset_raised_over_in_place_raised"] > 0
     (jobset_run,) = (r for r in res["runs"] if r["mode"] == JOBSET)
     assert jobset_run["span"] == "visible->running"
     assert jobset_run["worker"].startswith("jobset-0-workers-0-")
