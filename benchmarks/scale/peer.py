@@ -50,27 +50,27 @@ COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 MAX_RESTARTS = 1000
 VISIBLE_TO_RUNNING = between("visible", "running")
 
-BOUND_BY = {
-    "visible->stopped": "the Job controller failing the Job and deleting its running pods, "
-    "one DELETE each at the controller-manager's client QPS",
-    "stopped->restarted": "the Job controller removing its tracking finalizer from each old "
-    "pod, one PATCH each at the controller-manager's client QPS, before it marks the Job "
-    "Failed and JobSet restarts",
+STEPS = {
+    "visible->stopped": "the Job controller failing the Job and deleting its running pods "
+    "(one DELETE each)",
+    "stopped->restarted": "the Job controller taking its tracking finalizer off each old pod "
+    "(one PATCH each) before it marks the Job Failed, and JobSet's restart",
     "restarted->deleted": "JobSet's foreground delete of the old Job (the garbage collector)",
     "deleted->first-new": "JobSet creating the Job again once the old one is gone",
-    "first-new->created": "the Job controller's pod creates, one POST each at the "
-    "controller-manager's client QPS",
-    "created->scheduled": "the scheduler's binds at its client QPS (50)",
+    "first-new->created": "the Job controller's pod creates (one POST each)",
+    "created->scheduled": "the scheduler's binds",
     "scheduled->running": "KWOK reporting the pods Running",
 }
-"""What each step of a JobSet restart waits on, for the report's "bound by"."""
-RATES = {
-    "visible->stopped": "old pods deleted",
-    "stopped->restarted": "finalizers removed",
-    "first-new->created": "new pods created",
-    "created->scheduled": "bound",
+"""What each step of a JobSet restart waits on."""
+CONTROLLER_MANAGER_RATES = {
+    "old pods deleted": ["visible->stopped"],
+    "finalizers removed": ["stopped->restarted"],
+    "new pods created": ["first-new->created"],
 }
-"""Steps that are one request per pod, and what the report calls their rate."""
+"""Runs of one controller-manager request per pod: what the report calls their rate, and the
+steps they span."""
+SCHEDULER_RATE = ("scheduled", ["first-new->created", "created->scheduled"])
+"""The scheduler's binds run from the first new pod to the last bound."""
 
 
 def start(cluster: Cluster) -> JobSetController:

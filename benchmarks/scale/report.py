@@ -12,7 +12,7 @@ from benchmarks.common import RESULTS, markdown_table, write_json
 from benchmarks.plot import plot_lines
 from benchmarks.scale.cpu import BENCH
 from benchmarks.scale.goals import RECREATE_OVER_IN_PLACE_MIN, verdicts
-from benchmarks.scale.peer import BOUND_BY, RATES
+from benchmarks.scale.peer import CONTROLLER_MANAGER_RATES, SCHEDULER_RATE, STEPS
 from benchmarks.scale.settings import (
     ANNOTATION_FLOOR_CONCURRENCY,
     IN_PLACE_RAISED,
@@ -122,8 +122,21 @@ def cpu_table(res: dict[str, Any], settings: Settings) -> str:
     return markdown_table(["mode", "restart (s)", *procs], rows)
 
 
+DEFAULT_CONTROLLER_MANAGER_QPS = 20
+DEFAULT_SCHEDULER_QPS = 50
+LIMIT_SHARE = 0.7
+"""A rate of at least this share of a client's QPS is that client's limit at work."""
+
+
+def _rate(n: int, steps: dict[str, float], names: list[str]) -> float | None:
+    """Pods per second over the steps `names` (None if they took no time)."""
+    took = sum(steps.get(s, 0.0) for s in names)
+    return n / took if took > 0 else None
+
+
 def bound_by(res: dict[str, Any], settings: Settings) -> list[str]:
-    """For each peer row: its slowest step, what that step waits on, and the rates seen."""
+    """For each JobSet row: its slowest step and what that step waits on, the per-pod rates
+    seen, and whether the controller-manager's or the scheduler's client QPS binds them."""
     lines = []
     n = res["workers"]
     for mode in PEER_MODES:
@@ -132,11 +145,32 @@ def bound_by(res: dict[str, Any], settings: Settings) -> list[str]:
         steps.pop("injected->visible", None)
         if not steps:
             continue
+
         slow = max(steps, key=lambda s: steps[s])
-        rates = [f"{what} {n / steps[s]:.0f}/s" for s, what in RATES.items() if steps.get(s)]
+        kcm_qps = settings.peer_qps if mode == JOBSET_RAISED else DEFAULT_CONTROLLER_MANAGER_QPS
+        kcm = {what: _rate(n, steps, names) for what, names in CONTROLLER_MANAGER_RATES.items()}
+        kcm_rates = [r for r in kcm.values() if r is not None]
+        sched_qps = settings.scheduler_qps or DEFAULT_SCHEDULER_QPS
+        sched = _rate(n, steps, SCHEDULER_RATE[1])
+        per_pod = [f"{what} {r:.0f}/s" for what, r in kcm.items() if r is not None]
+        per_pod += [f"{SCHEDULER_RATE[0]} {sched:.0f}/s"] if sched is not None else []
+        limits = []
+        if kcm_rates:
+            at = max(kcm_rates) >= LIMIT_SHARE * kcm_qps
+            limits.append(
+                f"the controller-manager's client allows {kcm_qps}/s: "
+                + ("it binds its steps" if at else f"not what binds them (at most "
+                   f"{max(kcm_rates):.0f}/s)")
+            )  # fmt: skip
+        if sched is not None:
+            at = sched >= LIMIT_SHARE * sched_qps
+            limits.append(
+                f"the scheduler's {sched_qps}/s "
+                + ("binds scheduling" if at else "does not bind scheduling")
+            )
         lines.append(
-            f"- {label(mode, settings)}: bound by {slow} ({steps[slow]:.2f} s): "
-            f"{BOUND_BY.get(slow, '?')}" + (f"; {', '.join(rates)}" if rates else "")
+            f"- {label(mode, settings)}: slowest step {slow} ({steps[slow]:.2f} s), "
+            f"{STEPS.get(slow, '?')}; per pod: {', '.join(per_pod)}; {'; '.join(limits)}"
         )
     return lines
 
@@ -233,8 +267,9 @@ def report(settings: Settings, meta: dict[str, Any], results: list[dict[str, Any
             f"would. Measured at N <= {settings.peer_max_size} (`--peer-max-size`). GangJob's "
             "modes ran with the controller-manager at its defaults, and in-place again, "
             f"`in-place (QPS {settings.peer_qps})`, on the raised one, beside JobSet's. "
-            "`bound by` names each JobSet row's slowest step, what it waits on, and the rate "
-            "of the steps that are one request per pod (N / the step's median).",
+            "Below each size, each JobSet row's slowest step, what it waits on, and the rate "
+            "of the runs that are one request per pod (N / the steps' medians), against the "
+            "client QPS of the controller-manager and of the scheduler.",
             "",
         ]
     parts += ["## Summary (medians, s)", "", summary_table(results, settings), ""]
@@ -260,7 +295,7 @@ def report(settings: Settings, meta: dict[str, Any], results: list[dict[str, Any
         ]
         peer_lines = bound_by(res, settings)
         if peer_lines:
-            parts += ["Where the peer's restart goes:", "", *peer_lines, ""]
+            parts += ["Where JobSet's restart goes:", "", *peer_lines, ""]
     parts += ["## Goals (printed, not asserted)", "", goals_text(results, settings), ""]
     return "\n".join(parts)
 

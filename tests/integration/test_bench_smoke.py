@@ -163,7 +163,8 @@ async def test_the_jobset_peer_restarts_the_same_gang_and_the_goals_are_printed(
     assert "| JobSet | 1 |" in md
     assert "| JobSet (QPS 500) | 1 |" in md
     assert f"| JobSet (QPS 500) / in-place {res['jobset_raised_over_in_place']}x |" in md
-    assert "- JobSet: bound by " in md
+    assert "- JobSet: slowest step " in md
+    assert "the controller-manager's client allows 500/s" in md
     goals = md.split("## Goals (printed, not asserted)\n\n")[1].strip().splitlines()
     assert len(goals) == 12
     for line in goals:
