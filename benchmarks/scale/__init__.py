@@ -12,6 +12,9 @@ kubelet's part of a KEP-5532 whole-pod restart with the measured ~2 s delay):
 
 - in-place: one worker's trainer exits 1 (a retriable code): failure visible (the kubelet's
   status write) -> epoch bumped -> every worker arrived -> barrier open;
+- process: the same failure in a `Process` gang (`spec.restart.mode: Process`): every agent
+  stops its trainer and starts it again behind the barrier, in the same pod; timed from the
+  trainer's exit (the kubelet writes no status for it) -> epoch -> arrived -> barrier open;
 - node-lost: the node of one worker (alone on a small node) dies: that worker is force-deleted
   and recreated elsewhere, the rest restart in place;
 - recreate: the same failure in a `Recreate` gang: every pod deleted, recreated, scheduled,

@@ -65,6 +65,7 @@ def reps_text(m: dict[str, Any]) -> str:
 
 RATIOS = {
     "in-place": ("in-place / floor", "in_place_over_floor"),
+    "process": ("process / in-place", "process_over_in_place"),
     "recreate": ("Recreate / in-place", "recreate_over_in_place"),
     "in-place-annotation": ("Recreate / in-place-annotation", "recreate_over_in_place_annotation"),
     JOBSET: ("JobSet / in-place", "jobset_over_in_place"),
@@ -228,6 +229,13 @@ def report(settings: Settings, meta: dict[str, Any], results: list[dict[str, Any
         "arrivals to the controller's endpoint and read the job's state from its answer (as "
         "deployed); in-place-annotation: the same restart with arrival by pod annotation and "
         "each agent's own watch of its GangJob.",
+        "",
+        "process = the in-place restart of a `Process` gang (`spec.restart.mode: Process`, its "
+        "own gang of N): the same failure, one worker's trainer exits 1, and every agent stops "
+        "its trainer, arrives at E+1 and starts it again behind the barrier, in the same pod "
+        "(no kubelet restart). The kubelet writes no status for that exit (the agent reports "
+        "it to the controller), so its time runs from the trainer's exit itself (`exited`) to "
+        "the barrier written; `barrier->open` follows as for in-place.",
         "",
         "floor = the protocol's physical limit in place, measured with the real pieces minus "
         "the controller's decisions: this process writes `status.epoch` = E+1 itself (no "

@@ -1,7 +1,7 @@
 """One scale run from end to end: per gang size, a namespace, its nodes and a simulated kubelet,
-then each gang (in place, Recreate) started, measured in every mode asked for and torn down,
-then the peer's restarts of the same gang; the controller (and the peer's) runs as a subprocess
-for the whole run."""
+then each gang (in place, Process, Recreate) started, measured in every mode asked for and torn
+down, then the peer's restarts of the same gang; the controller (and the peer's) runs as a
+subprocess for the whole run."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from benchmarks.scale.controlplane import controller_manager_qps
 from benchmarks.scale.floors import annotation_floor, floor
 from benchmarks.scale.observer import CtlSample, JobTracker
 from benchmarks.scale.report import report, report_data, size_table, write_results
-from benchmarks.scale.scenarios import Unfinished, in_place, node_lost, recreate
+from benchmarks.scale.scenarios import Unfinished, in_place, node_lost, process, recreate
 from benchmarks.scale.settings import IN_PLACE_RAISED, JOBSET, JOBSET_RAISED, Settings
 from benchmarks.scale.stats import summarize
 from controller.k8s import NAMESPACES, NODES, Kube, NotFound
@@ -52,7 +52,9 @@ async def run_size(w: World) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     startup: dict[str, float] = {}
     try:
-        gangs = [("ip", "Pod")] if set(w.settings.modes) - {"recreate"} else []
+        gangs = [("ip", "Pod")] if set(w.settings.modes) - {"process", "recreate"} else []
+        if "process" in w.settings.modes:
+            gangs.append(("pr", "Process"))
         if "recreate" in w.settings.modes:
             gangs.append(("rc", "Recreate"))
         for gang, mode in gangs:
@@ -157,6 +159,9 @@ async def measure_gang(
                 rows.append(await in_place(w, tracker, rep, gang, "in-place-annotation"))
         finally:
             w.s.arrival_url = direct  # for the next gang, even after an overrun
+    elif mode == "Process":
+        for rep in range(reps):
+            rows.append(await process(w, tracker, rep))
     else:
         for rep in range(reps):
             rows.append(await recreate(w, tracker, rep))

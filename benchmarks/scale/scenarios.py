@@ -1,5 +1,6 @@
 """The restarts a scale run measures on a running gang, each from its injected failure to every
-worker past the barrier of the new epoch: in-place (a trainer exits 1), node-lost (a worker's
+worker past the barrier of the new epoch: in-place (a trainer exits 1), process (the same exit
+in a `Process` gang, whose agents restart their trainers themselves), node-lost (a worker's
 node dies) and recreate (the same exit in a `Recreate` gang); and what one repetition records,
 finished or not."""
 
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from agent.agent import Step
 from api.v1alpha1 import RestartRecord
 from benchmarks.common import Progress
 from benchmarks.scale.cluster import World, lose_node, steady
@@ -65,6 +67,9 @@ def between(start: str, end: str) -> Span:
 
 VISIBLE_TO_BARRIER = between("visible", "barrier")
 """A restart: from the failure visible in the API to the barrier of the new epoch written."""
+EXITED_TO_BARRIER = between("exited", "barrier")
+"""A `Process`-mode restart: the kubelet writes no status for a trainer's exit (the agent
+reports it to the controller), so its failure is visible from the exit itself."""
 
 
 def _steps(marks: dict[str, float], order: list[str]) -> dict[str, float]:
@@ -201,6 +206,57 @@ async def in_place(
         f"arrived, {agents_at(w.s, e1, opened=True)}/{n} open",
     )  # fmt: skip
     row["worker"] = victim
+    await steady(w, tracker, e1)
+    return row
+
+
+async def process(w: World, tracker: JobTracker, rep: int) -> dict[str, Any]:
+    """In a `Process` gang: one worker's trainer exits 1; every agent stops its trainer, arrives
+    at E+1 and starts it again behind the barrier, in the same pod."""
+    epoch = int(tracker.status.get("epoch", 0))
+    e1, n = epoch + 1, w.n
+    names = sorted(w.s.workers, key=lambda s: int(s.rsplit("-", 1)[1]))
+    victim = names[(rep * 7919 + 1) % len(names)]
+    worker = w.s.workers[victim]
+    agent, trainer = worker.agent, worker.trainer
+    assert agent is not None, victim
+    assert trainer is not None, victim
+    assert trainer.running, victim
+    uids = {name: uid(p) for name, p in w.s.pods.items()}
+    # When the agent's report of the exit was accepted: the step it waits in after it begins
+    # then, and may last less than a poll.
+    reported = asyncio.ensure_future(
+        agent.wait_for(lambda s: s.last_exit == (epoch, 1) and s.step is Step.WAITING_FOR_EPOCH)
+    )
+    checks: dict[str, Check] = {
+        "exited": lambda: trainer.ended_at,
+        "epoch": lambda: tracker.epoch_at.get(e1),
+        "arrived": polled(lambda: agents_at(w.s, e1, opened=False) == n),
+        "barrier": lambda: tracker.barrier_at.get(e1),
+        "open": polled(lambda: agents_at(w.s, e1, opened=True) == n),
+    }
+    try:
+        row = await measure_restart(
+            w, tracker, "process", rep, lambda: w.s.crash(victim, 1), checks,
+            ["exited", "epoch", "arrived", "barrier", "open"], w.timeout(0.2),
+            lambda: f"epoch {tracker.status.get('epoch')}, {agents_at(w.s, e1, opened=False)}/{n} "
+            f"arrived, {agents_at(w.s, e1, opened=True)}/{n} open",
+            EXITED_TO_BARRIER,
+        )  # fmt: skip
+    finally:
+        reported.cancel()
+    ended = trainer.ended_at
+    row |= {
+        "worker": victim,
+        "exit_code": trainer.code,
+        "exited->reported": (
+            round(reported.result().since - ended, 3)
+            if ended is not None and reported.done() and not reported.cancelled()
+            else None
+        ),
+        # In place: no pod of the gang replaced.
+        "pods_replaced": sum(1 for name, p in w.s.pods.items() if uids.get(name) != uid(p)),
+    }
     await steady(w, tracker, e1)
     return row
 

@@ -7,7 +7,10 @@ from pathlib import Path
 
 from benchmarks.common import RESULTS
 
-MODES = ("in-place", "in-place-annotation", "node-lost", "recreate", "floor", "annotation-floor")
+MODES = (
+    "in-place", "process", "in-place-annotation", "node-lost", "recreate", "floor",
+    "annotation-floor",
+)  # fmt: skip
 """Every measurement of GangJob, in the order the report lists them."""
 PEERS = ("jobset",)
 """Peers `--peers` can measure beside GangJob in the same run."""

@@ -1,7 +1,7 @@
 """The figures of one gang size: per mode, the median and p90 (nearest rank) of the restart
 time, of each step, of the CPU each process spent within it, and of the controller's share, CPU
-and API requests, over the repetitions that finished; Recreate and the peer against in place,
-and in place against its floor."""
+and API requests, over the repetitions that finished; Recreate, Process mode and the peer
+against in place, and in place against its floor."""
 
 from __future__ import annotations
 
@@ -91,6 +91,7 @@ def summarize(w: World, rows: list[dict[str, Any]], startup: dict[str, float]) -
         "modes": modes,
         "recreate_over_in_place": over("recreate", "in-place"),
         "recreate_over_in_place_annotation": over("recreate", "in-place-annotation"),
+        "process_over_in_place": over("process", "in-place"),
         "jobset_over_in_place": over(JOBSET, "in-place"),
         "jobset_raised_over_in_place": over(JOBSET_RAISED, "in-place"),
         "jobset_raised_over_in_place_raised": over(JOBSET_RAISED, IN_PLACE_RAISED),

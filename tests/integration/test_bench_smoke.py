@@ -1,6 +1,6 @@
 """A quick smoke of `benchmarks.scale` (`make bench`'s benchmark): a tiny gang through
-every measurement on the test cluster, the JobSet peer beside it, and a report that is well
-formed. Not a measurement."""
+every measurement (a gang of each restart mode: Pod, Process, Recreate) on the test cluster,
+the JobSet peer beside it, and a report that is well formed. Not a measurement."""
 
 from __future__ import annotations
 
@@ -59,12 +59,30 @@ async def test_restart_scale_runs_every_mode_and_writes_a_report(
     assert len(node_lost[0]["recreated"]) == 1
     recreate = [r for r in res["runs"] if r["mode"] == "recreate"]
     assert recreate[0]["recreated"] == [0, 1, 2]  # the status says all, not each
+    # Process mode: its own gang, restarted in place by its agents, timed from the exit.
+    process = res["modes"]["process"]
+    assert process["unfinished_over_s"] == []
+    assert set(process["steps"]) == {
+        "injected->exited", "exited->epoch", "epoch->arrived", "arrived->barrier",
+        "barrier->open",
+    }  # fmt: skip
+    assert process["controller_share_s"]["bump"] is not None
+    (process_run,) = (r for r in res["runs"] if r["mode"] == "process")
+    assert process_run["span"] == "exited->barrier"
+    assert process_run["exit_code"] == 1
+    assert process_run["exited->reported"] >= 0
+    assert process_run["pods_replaced"] == 0
+    assert process_run["recreated"] == []
+    assert res["startup_s"]["Process"] > 0
+    assert res["process_over_in_place"] > 0
 
     paths = write_results(settings, data, tmp_path)
     assert json.loads(paths["json"].read_text())["results"][0]["workers"] == 3  # type: ignore[union-attr]
     md = report(settings, data, data["results"])
     assert "## N = 3" in md
     assert "| in-place | 1 |" in md
+    assert "| process | 1 |" in md
+    assert f"| process / in-place {res['process_over_in_place']}x |" in md
     assert f"| in-place / floor {res['in_place_over_floor']}x |" in md
     assert f"| Recreate / in-place {res['recreate_over_in_place']}x |" in md
     assert "## Goals (printed, not asserted)" in md
