@@ -9,7 +9,8 @@ restart's duration is the controller's own measure, from detecting the failure t
 opening (`durationSeconds` of the restart's record), collected from every status write seen, as
 `status.history` keeps only the last few; median and p90 (nearest rank) per mode. In `Process`
 mode the agents' logs also give every stop of a trainer that was still running (the gang moved
-on), how long it took and how many outlived SIGTERM and its grace (SIGKILLed, exit 137).
+on), how long it took and how many outlived SIGTERM and its grace (SIGKILLed, exit 137). The
+workers' logs are kept in results/node_restart-logs/.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 import yaml
 
 from api import builders
-from benchmarks.common import Progress, markdown_table, write_json
+from benchmarks.common import RESULTS, Progress, markdown_table, write_json
 from controller.k8s import GANGJOBS, JsonDict, Kube
 from localcluster.cluster import Cluster, Options
 from localcluster.node import AGENT_IMAGE
@@ -95,6 +96,30 @@ def trainer_stops(log: str) -> list[tuple[float, int]]:
     return stops
 
 
+def keep_logs(cluster: Cluster, ns: str, pods: list[str]) -> list[str]:
+    """Each container's log of `pods` (the agents' and the trainers'), with timestamps, also
+    written to results/node_restart-logs/<namespace>/<pod>.<container>.log so that a slow restart
+    can be traced after the namespace is gone. Best effort: a container that is between two runs
+    may have none to give (the error is written instead)."""
+    directory = RESULTS / "node_restart-logs" / ns
+    directory.mkdir(parents=True, exist_ok=True)
+    logs = []
+    for pod in pods:
+        names = kubectl(
+            cluster, "-n", ns, "get", "pod", pod,
+            "-o", "jsonpath={.spec.initContainers[*].name} {.spec.containers[*].name}",
+        ).split()  # fmt: skip
+        for container in names:
+            try:
+                log = kubectl(cluster, "-n", ns, "logs", "--timestamps", pod, "-c", container)
+            except RuntimeError as e:
+                (directory / f"{pod}.{container}.error").write_text(str(e))
+                continue
+            (directory / f"{pod}.{container}.log").write_text(log)
+            logs.append(log)
+    return logs
+
+
 async def run_mode(
     kube: Kube, cluster: Cluster, mode: str, workers: int, restarts: int
 ) -> dict[str, Any]:
@@ -127,13 +152,8 @@ async def run_mode(
                     if ev.type == "MODIFIED" and done(ev.object):
                         break
     wall = time.monotonic() - t0
-    stops = [
-        stop
-        for rank in range(workers) if mode == "Process"
-        for stop in trainer_stops(
-            kubectl(cluster, "-n", ns, "logs", "--timestamps", f"{name}-{rank}", "-c", "trainer")
-        )
-    ]  # fmt: skip
+    logs = keep_logs(cluster, ns, [f"{name}-{rank}" for rank in range(workers)])
+    stops = [stop for log in logs if mode == "Process" for stop in trainer_stops(log)]
     kubectl(cluster, "delete", "namespace", ns, "--wait=false")
     each = [finished[epoch]["durationSeconds"] for epoch in sorted(finished)]
     if len(each) < restarts:
