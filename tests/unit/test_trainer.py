@@ -5,15 +5,19 @@ Each case runs in a child Python process, so that pytest itself never becomes a 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
 
 import pytest
+
+from agent.trainer import Trainer
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -78,3 +82,46 @@ def test_without_adoption_a_process_that_left_the_group_survives(tmp_path: pathl
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(escaped, signal.SIGKILL)
+
+
+class RecordingTrainer(Trainer):
+    """A `Trainer` that remembers the signals its stop sent to the group."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        super().__init__(argv, env)
+        self.sent: list[signal.Signals] = []
+
+    def send_signal(self, sig: signal.Signals) -> None:
+        self.sent.append(sig)
+        super().send_signal(sig)
+
+
+async def said_ready(fifo: pathlib.Path, deadline: float = 10.0) -> str:
+    """What the trainer wrote into `fifo`, once it did."""
+    try:
+        return await asyncio.wait_for(asyncio.to_thread(fifo.read_text), deadline)
+    finally:
+        # If the trainer never wrote, unblock the reading thread (EOF), or it hangs the run.
+        with contextlib.suppress(OSError):
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+
+# The node's images run busybox's ash; the host's sh is whatever it is (dash on Debian).
+SHELLS = [["sh"], *([["busybox", "sh"]] if shutil.which("busybox") else [])]
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+async def test_a_trainer_that_leaves_on_sigterm_needs_no_sigkill(
+    tmp_path: pathlib.Path, shell: list[str]
+) -> None:
+    # The shape of benchmarks.node_restart's trainer: a shell that leaves through its TERM trap
+    # while the wait builtin waits for its work in the background (the trap runs at once).
+    ready = tmp_path / "ready"
+    os.mkfifo(ready)
+    script = "trap 'exit 0' TERM; echo ready > \"$READY\"; while :; do sleep 1 & wait $!; done"
+    trainer = RecordingTrainer([*shell, "-c", script], {**os.environ, "READY": str(ready)})
+    await trainer.start()
+    assert await said_ready(ready) == "ready\n"  # the trap is set
+    # Were SIGTERM not enough, the grace would end in a SIGKILL (137), listed in `sent`.
+    code = await trainer.stop(grace=5.0)
+    assert (code, trainer.sent) == (0, [signal.SIGTERM])  # the trap's exit, SIGTERM only
