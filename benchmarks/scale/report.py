@@ -288,8 +288,12 @@ def report(settings: Settings, meta: dict[str, Any], results: list[dict[str, Any
             f"## N = {res['workers']}",
             "",
             f"Gang startup: {res['startup_s']} s; controller RSS max "
-            f"{res['controller_rss_max_mib']} MiB; Recreate / in-place = "
-            f"**{res['recreate_over_in_place']}x**"
+            f"{res['controller_rss_max_mib']} MiB"
+            + (
+                f"; Recreate / in-place = **{res['recreate_over_in_place']}x**"
+                if res.get("recreate_over_in_place") is not None
+                else ""
+            )
             + (f" (by annotation: {by_annotation}x)" if by_annotation is not None else "")
             + (f"; in-place / floor = **{above_floor}x**" if above_floor is not None else "")
             + overran(res),
