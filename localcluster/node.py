@@ -54,6 +54,11 @@ class Bridge:
     subnet: str
     gateway: str
 
+    @property
+    def mac(self) -> str:
+        """Fixed and locally administered: 0a:58 and the gateway's IPv4 bytes (as kubenet)."""
+        return "0a:58:" + ":".join(f"{int(b):02x}" for b in self.gateway.split("."))
+
     @staticmethod
     def for_slot(slot: int) -> Bridge:
         return Bridge(f"gjbr{slot}", f"10.{80 + slot}.0.0/16", f"10.{80 + slot}.0.1")
@@ -161,6 +166,11 @@ def setup_bridge(bridge: Bridge, service_ip: str, dns: str) -> None:
     any NAT."""
     if _run(["ip", "link", "show", bridge.name], check=False).returncode != 0:
         _run(["ip", "link", "add", bridge.name, "type", "bridge"])
+    # A bridge whose MAC was never set takes the lowest MAC of its ports. When the pod whose
+    # veth holds it is deleted, every pod that resolved the gateway to that MAC loses this host
+    # (apiserver forwarder, DNS, controller) until its neighbour entry expires: 10-40 s of
+    # unanswered requests. The CNI plugin pins it only when it sets the gateway itself.
+    _run(["ip", "link", "set", bridge.name, "address", bridge.mac])
     prefix = bridge.subnet.split("/")[1]
     addrs = _run(["ip", "-4", "addr", "show", "dev", bridge.name]).stdout
     for cidr in (f"{bridge.gateway}/{prefix}", f"{service_ip}/32", f"{dns}/32"):
