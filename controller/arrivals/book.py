@@ -100,6 +100,10 @@ class ArrivalBook:
 
     def __init__(self) -> None:
         self._reports: dict[tuple[str, str], Report] = {}
+        # Per pod, the last `with_report` of `apply`: (view, report, joined). A pass over a gang
+        # of N joins N views, nearly all the same objects as in the last pass (views are cached
+        # per pod version, reports kept until superseded): only changed pods are joined again.
+        self._joined: dict[tuple[str, str], tuple[PodView, Report, PodView]] = {}
         self._job_of: dict[tuple[str, str], str] = {}
         self._waiting: dict[str, Counter[int]] = {}
         self._changed: dict[str, asyncio.Event] = {}
@@ -133,6 +137,7 @@ class ArrivalBook:
         return counts[epoch] if counts is not None else 0
 
     def _drop(self, key: tuple[str, str]) -> None:
+        self._joined.pop(key, None)
         held, job = self._reports.pop(key, None), self._job_of.pop(key, None)
         if held is None or job is None or not held.waiting:
             return
@@ -153,7 +158,17 @@ class ArrivalBook:
             self._drop((namespace, pod))
 
     def apply(self, view: PodView) -> PodView:
-        return with_report(view, self._reports.get((view.namespace, view.name)))
+        """`with_report` of the pod's view and the report held for it."""
+        key = (view.namespace, view.name)
+        report = self._reports.get(key)
+        if report is None:
+            return view
+        hit = self._joined.get(key)
+        if hit is not None and hit[0] is view and hit[1] is report:
+            return hit[2]
+        joined = with_report(view, report)
+        self._joined[key] = (view, report, joined)
+        return joined
 
     def job_changed(self, key: str) -> None:
         """Wakes the streams of GangJob `key` (namespace/name)."""
