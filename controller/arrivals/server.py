@@ -109,6 +109,7 @@ def arrivals_app(
     # One line per version of each job, not one per stream: a job change wakes every stream of
     # its gang (thousands), and they all send the same bytes.
     lines: dict[str, tuple[str, bytes]] = {}
+    accepted = metrics.ARRIVAL_REPORTS.labels("accepted")  # bound once: a restart brings N
 
     def line_of(key: str, obj: JsonDict) -> bytes:
         version = str((obj.get("metadata") or {}).get("resourceVersion", ""))
@@ -141,7 +142,7 @@ def arrivals_app(
         key = f"{posted.namespace}/{posted.job}"
         if job(key) is None:
             return _error(404, "unknown", f"gangjob {key} not found")
-        metrics.ARRIVAL_REPORTS.labels("accepted").inc()
+        accepted.inc()
         if book.record(posted.namespace, posted.pod, posted.report, job=key):
             on_report(key)
         metrics.ARRIVAL_STREAMS.inc()
@@ -180,8 +181,11 @@ def arrivals_app(
             held = book.get(posted.namespace, posted.pod)
             if held is None or held.uid != posted.report.uid:
                 break  # the pod is gone, or replaced
+            # A timeout scope, not `wait_for`: a job change wakes every stream of its gang
+            # (thousands), and `wait_for` makes a task per stream per wake-up.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(waiter.wait(), heartbeat)
+                async with asyncio.timeout(heartbeat):
+                    await waiter.wait()
 
     async def closing(_: web.Application) -> None:
         book.close()
