@@ -48,7 +48,7 @@ from controller.k8s.store import (
 from controller.k8s.transforms import strip_managed_fields, trim_node, trim_pod
 from controller.policy.plan import PlanConfig
 from controller.reconcile import Caches, Outcome, Reconciler
-from controller.runtime import metrics
+from controller.runtime import collector, metrics
 from controller.runtime.httpserver import HttpServer
 from controller.runtime.probes import probes_app
 from controller.runtime.queue import WorkQueue
@@ -297,6 +297,7 @@ class Manager:
         log.info("leading: starting %d reconcile workers", self.settings.workers)
         for s in self.stores:
             await s.wait_synced()
+        collector.settle()  # the caches are filled: from here the collector paces itself
         # Everything the caches hold now, once: events before we led were not acted upon.
         for key in self.jobs.keys():  # noqa: SIM118 (a Store, not a dict)
             self.queue.add(key)
