@@ -189,30 +189,39 @@ async def iter_chunked(
 ) -> AsyncIterator[bytes]:
     """The data of a `Transfer-Encoding: chunked` body, chunk by chunk, trailers skipped.
 
-    `read_timeout` bounds each wait for more bytes (a watch's inactivity timeout)."""
+    `read_timeout` bounds each wait for the next chunk, whole (a watch's inactivity timeout):
+    one timer per chunk, not one per read, as a fleet's streams carry many small chunks."""
     while True:
-        line = await _within(read_timeout, reader.readline())
-        if not line.endswith(b"\n"):
-            raise TransportError("connection closed in a chunked body")
-        try:
-            size = int(line.split(b";", 1)[0].strip(), 16)
-        except ValueError:
-            raise TransportError(f"bad chunk size line {line[:40]!r}") from None
-        if size == 0:
-            while True:  # trailer fields up to the blank line
-                line = await _within(read_timeout, reader.readline())
-                if not line.endswith(b"\n"):
-                    raise TransportError("connection closed in chunked trailers")
-                if line in (b"\r\n", b"\n"):
-                    return
-        try:
-            data = await _within(read_timeout, reader.readexactly(size))
-            end = await _within(read_timeout, reader.readexactly(2))
-        except asyncio.IncompleteReadError:
-            raise TransportError("connection closed in a chunk") from None
-        if end != b"\r\n":
-            raise TransportError("chunk not followed by CRLF")
+        async with asyncio.timeout(read_timeout):
+            data = await _read_chunk(reader)
+        if data is None:
+            return
         yield data
+
+
+async def _read_chunk(reader: asyncio.StreamReader) -> bytes | None:
+    """One chunk's data; None after the last chunk and its trailers."""
+    line = await reader.readline()
+    if not line.endswith(b"\n"):
+        raise TransportError("connection closed in a chunked body")
+    try:
+        size = int(line.split(b";", 1)[0].strip(), 16)
+    except ValueError:
+        raise TransportError(f"bad chunk size line {line[:40]!r}") from None
+    if size == 0:
+        while True:  # trailer fields up to the blank line
+            line = await reader.readline()
+            if not line.endswith(b"\n"):
+                raise TransportError("connection closed in chunked trailers")
+            if line in (b"\r\n", b"\n"):
+                return None
+    try:
+        data = await reader.readexactly(size + 2)
+    except asyncio.IncompleteReadError:
+        raise TransportError("connection closed in a chunk") from None
+    if data[-2:] != b"\r\n":
+        raise TransportError("chunk not followed by CRLF")
+    return data[:-2]
 
 
 class LineSplitter:
