@@ -111,6 +111,9 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+_JITTER = random.Random()
+
+
 class Backoff:
     """Bounded exponential backoff with jitter, so a fleet of agents that lost the apiserver
     together does not come back in lockstep."""
@@ -121,7 +124,9 @@ class Backoff:
         self.initial = initial
         self.maximum = maximum
         self._failures = 0
-        self._rng = rng or random.Random()
+        # One generator for the process, not one per backoff: seeding a `Random` reads 2.5 KB
+        # from the kernel, and an agent makes a backoff per request it may retry.
+        self._rng = rng or _JITTER
 
     def next(self) -> float:
         ceiling = min(self.maximum, self.initial * 2.0**self._failures)
