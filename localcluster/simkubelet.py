@@ -258,22 +258,36 @@ class SimKubelet:
 
     # -- the pod watch -------------------------------------------------------------------
     async def run(self) -> None:
-        """List and watch the namespace's gang pods; start and stop agents as they come/go."""
+        """List and watch the namespace's gang pods; start and stop agents as they come/go.
+
+        A watch that ends is opened again from the last resourceVersion seen, as a kubelet's
+        reflector does: the apiserver closes a watcher that falls behind (this one, busy with
+        thousands of agents), and listing every pod again would cost far more than the events
+        it missed. Only an expired version or a broken stream lists again."""
         params = {"labelSelector": LABEL_NAME}
+        rv = ""
         while True:
             try:
-                items, rv = await self._list(params)
-                self._relisted(items)
+                if not rv:
+                    items, rv = await self._list(params)
+                    self._relisted(items)
                 query = {**params, "resourceVersion": rv, "allowWatchBookmarks": "true"}
                 stream = self.api.watch(self.pods_path, query, inactivity_timeout=90.0)
                 async with contextlib.aclosing(stream):
                     async for ev in stream:
-                        if ev["type"] in ("ADDED", "MODIFIED"):
-                            self._seen(ev["object"])
-                        elif ev["type"] == "DELETED":
-                            self._gone(ev["object"])
+                        kind, obj = ev["type"], ev["object"]
+                        if kind == "ERROR":  # the version expired (410): list again
+                            log.info("simkubelet watch: %s; listing again", obj.get("message"))
+                            rv = ""
+                            break
+                        if kind in ("ADDED", "MODIFIED"):
+                            self._seen(obj)
+                        elif kind == "DELETED":
+                            self._gone(obj)
+                        rv = obj.get("metadata", {}).get("resourceVersion") or rv
             except (ClientError, OSError) as e:
                 log.warning("simkubelet watch broke (%s); listing again", e)
+                rv = ""
                 await asyncio.sleep(0.5)
 
     async def _list(self, params: dict[str, str]) -> tuple[list[JsonDict], str]:
