@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import functools
 import logging
 import os
@@ -68,7 +67,7 @@ from agent.config import Config
 from agent.trainer import TrainerRun
 from api.constants import ARRIVAL_AUDIENCE, ENV_EPOCH, LABEL_NAME, LABEL_RANK, RESTART_EXIT_CODE
 from localcluster.cluster import SIMULATED_KUBELET_LABEL
-from localcluster.simstatus import CONTAINER_LISTS, StatusManager
+from localcluster.simstatus import CONTAINER_LISTS, StatusManager, json_copy
 
 log = logging.getLogger(__name__)
 
@@ -523,7 +522,7 @@ class SimKubelet:
         if status is None:
             pod = self.pods.get(w.name)
             mine = pod is not None and pod["metadata"]["uid"] == w.uid
-            status = copy.deepcopy(pod.get("status", {})) if pod is not None and mine else {}
+            status = json_copy(pod.get("status", {})) if pod is not None and mine else {}
         change(status)
         self.status.set(w.name, w.uid, status, functools.partial(_mark, w.written, kind))
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from agent.apiclient import ApiError, ClientError, HttpClient, JsonDict
 
@@ -36,23 +36,34 @@ Written = Callable[[float], None]
 """Told `time.monotonic()` when a write holding a status returned."""
 
 
+def json_copy(value: Any) -> Any:
+    """A deep copy of a JSON value (dicts, lists, scalars), as `copy.deepcopy` makes it but
+    about 5 times faster: every status change of every pod is copied a few times, and a gang
+    restart changes thousands."""
+    if type(value) is dict:
+        return {k: json_copy(v) for k, v in value.items()}
+    if type(value) is list:
+        return [json_copy(v) for v in value]
+    return value
+
+
 def merge_status(current: JsonDict, kubelet: JsonDict) -> JsonDict:
     """The pod status after the kubelet's write of `kubelet` onto `current`: the kubelet's
     fields replace the current ones; of the conditions only those it owns are replaced; a
     container's entry keeps fields only others write (a device plugin's health, say)."""
-    merged = copy.deepcopy(current)
+    merged: JsonDict = json_copy(current)
     for key, value in kubelet.items():
         if key == "conditions":
             others = [
                 c for c in current.get("conditions", []) if c.get("type") not in KUBELET_CONDITIONS
             ]
-            owned = [copy.deepcopy(c) for c in value if c.get("type") in KUBELET_CONDITIONS]
+            owned = [json_copy(c) for c in value if c.get("type") in KUBELET_CONDITIONS]
             merged["conditions"] = others + owned
         elif key in CONTAINER_LISTS:
             now = {c.get("name"): c for c in current.get(key, [])}
-            merged[key] = [{**copy.deepcopy(now.get(c.get("name"), {})), **c} for c in value]
+            merged[key] = [{**json_copy(now.get(c.get("name"), {})), **c} for c in value]
         else:
-            merged[key] = copy.deepcopy(value)
+            merged[key] = json_copy(value)
     return merged
 
 
@@ -118,7 +129,7 @@ class StatusManager:
     def latest(self, uid: str) -> JsonDict | None:
         """A copy of the kubelet's latest status of the pod, None before its first."""
         pod = self._pods.get(uid)
-        return copy.deepcopy(pod.status) if pod is not None else None
+        return json_copy(pod.status) if pod is not None else None
 
     def set(self, name: str, uid: str, status: JsonDict, written: Written | None = None) -> None:
         """Makes `status` the pod's latest (the manager keeps it: the caller hands it over);
