@@ -25,7 +25,7 @@ from typing import Any, TextIO
 import yaml
 
 from agent.build import build_zipapp
-from localcluster import dns, images, pytorch
+from localcluster import dns, images, proxy, pytorch
 from localcluster.handle import ClusterHandle
 from localcluster.versions import binary, cache_root
 
@@ -194,10 +194,19 @@ def cni_config(cluster: ClusterHandle, bridge: Bridge) -> dict[str, Any]:
                 "hairpinMode": True,
                 "ipam": {
                     "type": "host-local",
-                    "ranges": [[{"subnet": bridge.subnet, "gateway": bridge.gateway}]],
-                    # No default route: nothing leaves the machine. Only the service range,
-                    # whose `kubernetes` address lives on the bridge (see setup_bridge).
-                    "routes": [{"dst": cluster.service_cidr, "gw": bridge.gateway}],
+                    "ranges": [
+                        [
+                            {
+                                "subnet": bridge.subnet,
+                                "gateway": bridge.gateway,
+                                "rangeStart": proxy.first_pod_ip(cluster),
+                            }
+                        ]
+                    ],
+                    # No default route: nothing leaves the machine. Only the service range:
+                    # through kube-proxy's namespace, but for the `kubernetes` and DNS addresses
+                    # that live on the bridge (see setup_bridge).
+                    "routes": proxy.pod_routes(cluster, bridge.gateway, dns_ip(cluster)),
                     "dataDir": str(cluster.dir / "cni" / "ipam"),
                 },
             },
@@ -390,6 +399,10 @@ def start_node(cluster: ClusterHandle, bridge: Bridge, gates: dict[str, bool], o
         env=env,
     )
     cluster.wait_for("the node to be Ready", lambda: cluster.ready_nodes() >= 1, 90, "kubelet", out)
+    # After the node exists: kube-proxy reads its Node object when it starts.
+    proxy.start(
+        cluster, bridge.name, bridge.gateway, bridge.subnet.split("/")[1], NODE_NAME, gates, out
+    )
 
 
 def start_dns(cluster: ClusterHandle) -> None:
@@ -417,7 +430,11 @@ def kube_dns_service(ip: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": "kube-dns", "labels": {"k8s-app": "kube-dns"}},
+        "metadata": {
+            "name": "kube-dns",
+            # Served by localcluster.dns on its address, not by endpoints: kube-proxy skips it.
+            "labels": {"k8s-app": "kube-dns", proxy.SERVICE_PROXY_NAME_LABEL: proxy.SERVED_BY},
+        },
         "spec": {
             "clusterIP": ip,
             "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}],
@@ -516,6 +533,7 @@ def restore_host(cluster: ClusterHandle, out: TextIO) -> None:
     if host.get("cgroup_root"):
         _kill_cgroup_tree(host["cgroup_root"])
     _unmount_under([str(cluster.dir)])
+    proxy.remove(cluster)
     if host.get("bridge"):
         _run(["ip", "link", "delete", host["bridge"]], check=False)
     if host.get("netns_dir_existed") is False:
