@@ -25,7 +25,7 @@ from typing import Any, TextIO
 import yaml
 
 from agent.build import build_zipapp
-from localcluster import dns, images, proxy, pytorch
+from localcluster import controllerimage, dns, images, proxy, pytorch
 from localcluster.handle import ClusterHandle
 from localcluster.versions import binary, cache_root
 
@@ -113,8 +113,13 @@ def agent_image() -> images.ImageSpec:
 
 
 def image_specs() -> list[images.ImageSpec]:
-    """The images every node gets."""
-    return [images.pause_image(), images.busybox_image(), agent_image()]
+    """The images every node gets: the controller's too, for manifests/local."""
+    return [
+        images.pause_image(),
+        images.busybox_image(),
+        agent_image(),
+        controllerimage.controller_image(),
+    ]
 
 
 def import_images(cluster: ClusterHandle, out: TextIO) -> None:
