@@ -126,13 +126,3 @@ def helm(cluster: ClusterHandle | None, *args: str, timeout: float = 300) -> str
     if res.returncode != 0:
         raise HelmError(f"helm {' '.join(args)} failed ({res.returncode}):\n{res.stderr}")
     return res.stdout
-
-
-def main(argv: list[str] | None = None) -> None:
-    """`python -m localcluster.helm`: build helm into the cache now."""
-    del argv
-    print(ensure_built())
-
-
-if __name__ == "__main__":
-    main()
