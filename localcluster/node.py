@@ -3,8 +3,9 @@
 Everything it creates is named after the cluster and recorded in its ``cluster.json`` so that
 ``down`` removes exactly that: a Linux bridge for the pod network (no default route and no
 masquerade in pods, so nothing leaves the machine), containerd with its own root, state and
-socket, the kubelet with its own root dir and cgroup root, and the images it imports. The
-measured facts behind the settings are in docs/localcluster.md.
+socket, the kubelet with its own root dir and cgroup root, kube-proxy in a network namespace
+of its own (`localcluster.proxy`), and the images it imports. The measured facts behind the
+settings are in docs/localcluster.md.
 """
 
 from __future__ import annotations
