@@ -63,6 +63,11 @@ def test_the_chart_renders_manifests_default() -> None:
         assert chart[key] == obj, key
 
 
+def test_helm_lint_finds_nothing_wrong() -> None:
+    out = helm(None, "lint", CHART, "--strict", "--kube-version", KUBERNETES_VERSION)
+    assert "1 chart(s) linted, 0 chart(s) failed" in out
+
+
 def test_the_values_reach_the_objects_they_name() -> None:
     objs = render(
         "ml-platform",
