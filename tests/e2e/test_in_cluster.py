@@ -211,13 +211,19 @@ async def test_the_in_cluster_controller_fails_over_and_restarts_the_gang_in_pla
         lambda: _when(arrival_endpoints(node_kube), [new_ip]),
         60, "the arrival Service on the new leader",
     )  # fmt: skip
-    # The agents hold their reports with the new leader (their streams to the old one broke).
-    await eventually(
-        lambda: _metric_at_least(node_cluster, standby_name, "gangjob_arrival_streams", 3),
-        60, "three agents reconnected to the new leader",
-    )  # fmt: skip
+    # The agents' streams to the old leader broke; each sends its report again, to the new one
+    # once the Service leads there. One that found no endpoint for 5 s (a loaded machine) has
+    # written the annotation instead, by design: its next report tries the Service again, which
+    # step 3 asserts. So here only what happened is printed.
     # The Deployment brings a new standby.
     await eventually(lambda: two_ready_one_leader(node_kube), 180, "a new standby")
+    streams = metric(scrape(node_cluster, standby_name), "gangjob_arrival_streams")
+    annotated = sum(
+        "gangjob.io/epoch" in p["metadata"].get("annotations", {})
+        for p in await gang_pods(node_kube, ns, "ddp")
+    )
+    print(f"after the failover: {streams:.0f} reports re-sent to the new leader, "
+          f"{annotated} by annotation")  # fmt: skip
 
     # 3. A second failure: in place again, arrivals over the Service to the new leader.
     before = metric(scrape(node_cluster, standby_name), "gangjob_arrival_reports_total",
@@ -232,10 +238,16 @@ async def test_the_in_cluster_controller_fails_over_and_restarts_the_gang_in_pla
     pods = await gang_pods(node_kube, ns, "ddp")
     assert {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods} == uids
     text = scrape(node_cluster, standby_name)
+    # The agents reached the new leader through the Service: it took the three arrivals at
+    # epoch 2, none came by annotation, and all three hold their reports with it.
     assert metric(text, "gangjob_arrival_reports_total", {"result": "accepted"}) >= before + 3
     assert metric(text, "leader_election_master_status", {"name": LEASE}) == 1
     for p in pods:
         assert p["metadata"].get("annotations", {}).get("gangjob.io/epoch") != "2", p
+    await eventually(
+        lambda: _metric_at_least(node_cluster, standby_name, "gangjob_arrival_streams", 3),
+        60, "three agents holding their reports with the new leader",
+    )  # fmt: skip
 
     # 4. Prometheus' way in: the metrics Service, from a pod.
     await _scrape_through_service(node_kube, node_cluster, ns)
