@@ -26,9 +26,7 @@ import contextlib
 import subprocess
 import urllib.error
 import urllib.request
-from typing import Any, TextIO
-
-import yaml
+from typing import TextIO
 
 from localcluster import pki
 from localcluster.handle import ClusterHandle
@@ -105,31 +103,33 @@ def delete_netns(name: str) -> None:
     _run(["ip", "netns", "delete", name], check=False)
 
 
-def kube_proxy_config(cluster: ClusterHandle, node_name: str, gates: dict[str, bool]) -> Any:
+def kube_proxy_args(cluster: ClusterHandle, node_name: str, gates: dict[str, bool]) -> list[str]:
+    """kube-proxy's settings as flags, not a --config file: with a file it holds an inotify
+    instance to watch it, and a machine running several clusters has few left (the default
+    limit is 128 per user; kube-proxy failed to start with "too many open files")."""
     ip = router_ip(cluster)
-    zero = "0s"  # conntrack: leave the kernel's settings (the namespace cannot change most)
-    cfg: dict[str, Any] = {
-        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
-        "kind": "KubeProxyConfiguration",
-        "clientConnection": {"kubeconfig": str(cluster.dir / "kube-proxy.kubeconfig")},
-        "hostnameOverride": node_name,
-        "bindAddress": ip,
-        "healthzBindAddress": f"{ip}:{HEALTHZ_PORT}",
-        "metricsBindAddress": f"{ip}:{METRICS_PORT}",
-        "mode": "iptables",
+    args = [
+        f"--kubeconfig={cluster.dir / 'kube-proxy.kubeconfig'}",
+        f"--hostname-override={node_name}",
+        f"--bind-address={ip}",
+        f"--healthz-bind-address={ip}:{HEALTHZ_PORT}",
+        f"--metrics-bind-address={ip}:{METRICS_PORT}",
+        "--proxy-mode=iptables",
         # Client and endpoint share the bridge: SNAT makes the answer come back through here.
-        "iptables": {"masqueradeAll": True, "localhostNodePorts": False},
-        "nodePortAddresses": [f"{ip}/32"],
-        "conntrack": {
-            "maxPerCore": 0,
-            "min": 0,
-            "tcpEstablishedTimeout": zero,
-            "tcpCloseWaitTimeout": zero,
-        },
-    }
+        "--masquerade-all",
+        "--iptables-localhost-nodeports=false",
+        f"--nodeport-addresses={ip}/32",
+        # conntrack: leave the kernel's settings (the namespace cannot change most of them).
+        "--conntrack-max-per-core=0",
+        "--conntrack-min=0",
+        "--conntrack-tcp-timeout-established=0s",
+        "--conntrack-tcp-timeout-close-wait=0s",
+        "--v=1",
+    ]
     if gates:
-        cfg["featureGates"] = gates
-    return cfg
+        pairs = (f"{k}={'true' if v else 'false'}" for k, v in sorted(gates.items()))
+        args.append("--feature-gates=" + ",".join(pairs))
+    return args
 
 
 def mark_served_by_host(cluster: ClusterHandle, namespace: str, name: str) -> None:
@@ -168,14 +168,12 @@ def start(
         "kube-proxy",
         KUBECONFIG_USER,
     )
-    config = cluster.dir / "kube-proxy-config.yaml"
-    config.write_text(yaml.safe_dump(kube_proxy_config(cluster, node_name, gates)))
     out.write(f"starting kube-proxy (namespace {netns(cluster)}, {router_ip(cluster)})\n")
     cluster.launch(
         "kube-proxy",
         [
-            "ip", "netns", "exec", netns(cluster),
-            str(binary("kube-proxy").path), f"--config={config}", "--v=1",
+            "ip", "netns", "exec", netns(cluster), str(binary("kube-proxy").path),
+            *kube_proxy_args(cluster, node_name, gates),
         ],
     )  # fmt: skip
     url = f"http://{router_ip(cluster)}:{HEALTHZ_PORT}/healthz"
