@@ -47,6 +47,7 @@ COLD_SECONDS = {
     "etcd": 40,
     "kwok": 100,
     "kube-scheduler": 220,
+    "kube-proxy": 120,
 }
 
 # The KWOK stages the simulated nodes and pods need (from KWOK's own repository).

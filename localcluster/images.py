@@ -42,6 +42,8 @@ class ImageSpec:
     env: list[str] = field(default_factory=lambda: ["PATH=/usr/local/bin:/usr/bin:/bin"])
     workdir: str = "/"
     user: str = ""
+    modes: dict[str, int] = field(default_factory=dict)
+    """Permission bits of files given as bytes (0o644 otherwise): an executable script."""
 
 
 def busybox_applets() -> list[str]:
@@ -136,7 +138,7 @@ def _layer(spec: ImageSpec) -> bytes:
             ti = tarfile.TarInfo(path.strip("/"))
             ti.mtime = 0
             if isinstance(src, bytes):
-                data, ti.mode = src, 0o644
+                data, ti.mode = src, spec.modes.get(path, 0o644)
             else:
                 data = src.read_bytes()
                 ti.mode = src.stat().st_mode & 0o777
@@ -163,6 +165,8 @@ def fingerprint(spec: ImageSpec) -> str:
     h = hashlib.sha256()
     h.update(json.dumps([spec.name, spec.symlinks, spec.dirs, spec.cmd, spec.entrypoint,
                          spec.env, spec.workdir, spec.user], sort_keys=True).encode())  # fmt: skip
+    if spec.modes:  # only then: the other images keep the fingerprints their archives have
+        h.update(json.dumps(spec.modes, sort_keys=True).encode())
     for path in sorted(spec.files):
         src = spec.files[path]
         if isinstance(src, bytes):

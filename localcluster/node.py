@@ -3,8 +3,9 @@
 Everything it creates is named after the cluster and recorded in its ``cluster.json`` so that
 ``down`` removes exactly that: a Linux bridge for the pod network (no default route and no
 masquerade in pods, so nothing leaves the machine), containerd with its own root, state and
-socket, the kubelet with its own root dir and cgroup root, and the images it imports. The
-measured facts behind the settings are in docs/localcluster.md.
+socket, the kubelet with its own root dir and cgroup root, kube-proxy in a network namespace
+of its own (`localcluster.proxy`), and the images it imports. The measured facts behind the
+settings are in docs/localcluster.md.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any, TextIO
 import yaml
 
 from agent.build import build_zipapp
-from localcluster import dns, images, pytorch
+from localcluster import controllerimage, dns, images, proxy, pytorch
 from localcluster.handle import ClusterHandle
 from localcluster.versions import binary, cache_root
 
@@ -113,8 +114,13 @@ def agent_image() -> images.ImageSpec:
 
 
 def image_specs() -> list[images.ImageSpec]:
-    """The images every node gets."""
-    return [images.pause_image(), images.busybox_image(), agent_image()]
+    """The images every node gets: the controller's too, for manifests/local."""
+    return [
+        images.pause_image(),
+        images.busybox_image(),
+        agent_image(),
+        controllerimage.controller_image(),
+    ]
 
 
 def import_images(cluster: ClusterHandle, out: TextIO) -> None:
@@ -194,10 +200,19 @@ def cni_config(cluster: ClusterHandle, bridge: Bridge) -> dict[str, Any]:
                 "hairpinMode": True,
                 "ipam": {
                     "type": "host-local",
-                    "ranges": [[{"subnet": bridge.subnet, "gateway": bridge.gateway}]],
-                    # No default route: nothing leaves the machine. Only the service range,
-                    # whose `kubernetes` address lives on the bridge (see setup_bridge).
-                    "routes": [{"dst": cluster.service_cidr, "gw": bridge.gateway}],
+                    "ranges": [
+                        [
+                            {
+                                "subnet": bridge.subnet,
+                                "gateway": bridge.gateway,
+                                "rangeStart": proxy.first_pod_ip(cluster),
+                            }
+                        ]
+                    ],
+                    # No default route: nothing leaves the machine. Only the service range:
+                    # through kube-proxy's namespace, but for the `kubernetes` and DNS addresses
+                    # that live on the bridge (see setup_bridge).
+                    "routes": proxy.pod_routes(cluster, bridge.gateway, dns_ip(cluster)),
                     "dataDir": str(cluster.dir / "cni" / "ipam"),
                 },
             },
@@ -390,6 +405,10 @@ def start_node(cluster: ClusterHandle, bridge: Bridge, gates: dict[str, bool], o
         env=env,
     )
     cluster.wait_for("the node to be Ready", lambda: cluster.ready_nodes() >= 1, 90, "kubelet", out)
+    # After the node exists: kube-proxy reads its Node object when it starts.
+    proxy.start(
+        cluster, bridge.name, bridge.gateway, bridge.subnet.split("/")[1], NODE_NAME, gates, out
+    )
 
 
 def start_dns(cluster: ClusterHandle) -> None:
@@ -417,7 +436,11 @@ def kube_dns_service(ip: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": "kube-dns", "labels": {"k8s-app": "kube-dns"}},
+        "metadata": {
+            "name": "kube-dns",
+            # Served by localcluster.dns on its address, not by endpoints: kube-proxy skips it.
+            "labels": {"k8s-app": "kube-dns", proxy.SERVICE_PROXY_NAME_LABEL: proxy.SERVED_BY},
+        },
         "spec": {
             "clusterIP": ip,
             "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}],
@@ -516,6 +539,7 @@ def restore_host(cluster: ClusterHandle, out: TextIO) -> None:
     if host.get("cgroup_root"):
         _kill_cgroup_tree(host["cgroup_root"])
     _unmount_under([str(cluster.dir)])
+    proxy.remove(cluster)
     if host.get("bridge"):
         _run(["ip", "link", "delete", host["bridge"]], check=False)
     if host.get("netns_dir_existed") is False:

@@ -136,6 +136,8 @@ def client_identities(node_name: str | None) -> list[Identity]:
     ]
     if node_name:
         ids.append(Identity("kubelet", f"system:node:{node_name}", "system:nodes"))
+        # Bound to the ClusterRole system:node-proxier by the apiserver's bootstrap policy.
+        ids.append(Identity("kube-proxy", "system:kube-proxy"))
     return ids
 
 

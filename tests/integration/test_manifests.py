@@ -8,6 +8,8 @@ import pytest
 import yaml
 
 from localcluster.cluster import Cluster
+from localcluster.controllerimage import CONTROLLER_IMAGE
+from localcluster.node import AGENT_IMAGE
 from localcluster.tools import REPO, kubectl
 
 pytestmark = pytest.mark.integration
@@ -37,3 +39,47 @@ def test_manifests_apply_on_the_real_apiserver(sim_cluster: Cluster) -> None:
     out = kubectl(sim_cluster, "apply", "-k", default, "--dry-run=server")
     assert "service/gangjob-arrivals created (server dry run)" in out
     assert "deployment.apps/gangjob-controller created (server dry run)" in out
+
+
+def _leaves(obj: object, path: str = "") -> dict[str, object]:
+    """Every scalar of a manifest by its path (`spec.template...containers[0].image`)."""
+    if isinstance(obj, dict):
+        out: dict[str, object] = {}
+        for k, v in obj.items():
+            out.update(_leaves(v, f"{path}.{k}" if path else str(k)))
+        return out
+    if isinstance(obj, list):
+        out = {}
+        for i, v in enumerate(obj):
+            out.update(_leaves(v, f"{path}[{i}]"))
+        return out
+    return {path: obj}
+
+
+def test_the_local_overlay_changes_only_images_and_pull_policies(sim_cluster: Cluster) -> None:
+    """What the e2e tests apply (manifests/local) is what users apply, but for the images that
+    localcluster builds, which are never pulled."""
+
+    def render(overlay: str) -> dict[tuple[str, str], dict[str, object]]:
+        docs = yaml.safe_load_all(kubectl(sim_cluster, "kustomize", str(REPO / "manifests" /
+                                                                         overlay)))  # fmt: skip
+        return {(d["kind"], d["metadata"]["name"]): _leaves(d) for d in docs}
+
+    default, local = render("default"), render("local")
+    assert set(local) == set(default)
+    changed = {
+        (key, path): (default[key].get(path), local[key].get(path))
+        for key in default
+        for path in set(default[key]) | set(local[key])
+        if default[key].get(path) != local[key].get(path)
+    }
+    container = "spec.template.spec.containers[0]"
+    deploy = ("Deployment", "gangjob-controller")
+    assert changed == {
+        (deploy, f"{container}.image"): ("gangjob-controller:dev", CONTROLLER_IMAGE),
+        (deploy, f"{container}.imagePullPolicy"): (None, "IfNotPresent"),
+        (deploy, f"{container}.args[3]"): (
+            "--agent-image=gangjob-agent:dev",
+            f"--agent-image={AGENT_IMAGE}",
+        ),
+    }

@@ -1,0 +1,298 @@
+"""The controller as platform teams run it, on the real node: `kubectl apply -k manifests/local`
+(manifests/default with the images localcluster builds), two replicas behind the
+`gangjob-arrivals` Service that kube-proxy routes. A gang restarts in place with its arrivals
+over that Service; the leader's pod is deleted; the standby takes the Lease, the Service follows
+its label, the agents reach it, and the next failure restarts the gang in place again."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, TypeVar
+
+import pytest
+
+from api import builders
+from controller.k8s import GANGJOBS, LEASES, PODS, JsonDict, Kube, ResourceKind
+from controller.manager import LEADER_LABEL
+from localcluster import node
+from localcluster.cluster import Cluster
+from localcluster.controllerimage import CONTROLLER_IMAGE, controller_image
+from localcluster.tools import REPO, SYSTEM_NS, kubectl
+from tests.integration.harness import gang_pods, watch_job
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.e2e
+
+T = TypeVar("T")
+ENDPOINT_SLICES = ResourceKind("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice")
+DEPLOYMENT = "gangjob-controller"
+LEASE = "gangjob-controller"  # --leader-election-id's default
+SELECTOR = "app.kubernetes.io/name=gangjob-controller"
+LOCAL = str(REPO / "manifests" / "local")
+
+# Rank 1 fails on its first run; afterwards any trainer fails once when the test drops a file
+# into its (restart-surviving) emptyDir. Each says which epoch it trains at.
+TRAINER = r"""
+trap 'exit 0' TERM
+if [ "$RANK" = 1 ] && [ ! -f /scratch/crashed ]; then
+  touch /scratch/crashed; echo "rank 1 crashing"; exit 1
+fi
+echo "training at epoch $(cat $GANGJOB_DIR/epoch)"
+while :; do
+  if [ -f /scratch/fail ]; then rm /scratch/fail; echo "failing on request"; exit 1; fi
+  sleep 1
+done
+"""
+
+
+def gangjob(name: str) -> JsonDict:
+    return builders.gangjob(
+        name, 3,
+        image="localhost/busybox:dev", command=["sh", "-c", TRAINER],
+        container={
+            "imagePullPolicy": "Never",
+            "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+        },
+        pod_spec={
+            "terminationGracePeriodSeconds": 5,
+            "volumes": [{"name": "scratch", "emptyDir": {}}],
+        },
+        restart_mode="Pod",
+    )  # fmt: skip
+
+
+def at_epoch(epoch: int) -> Callable[[JsonDict], bool]:
+    def check(job: JsonDict) -> bool:
+        st = job.get("status", {})
+        return bool(
+            st.get("epoch") == epoch
+            and st.get("barrierEpoch") == epoch
+            and st.get("workers", {}).get("arrived") == 3
+        )
+
+    return check
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T | None]], timeout: float, what: str, every: float = 0.5
+) -> T:
+    """Polls ``probe`` until it returns something other than None; fails after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = await probe()
+        if got is not None:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not {what} after {timeout}s")
+        await asyncio.sleep(every)
+
+
+def metric(text: str, name: str, labels: dict[str, str] | None = None) -> float:
+    """The sum of a metric's samples with these labels, from Prometheus' text format."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        head, _, value = line.rpartition(" ")
+        metric_name, _, rest = head.partition("{")
+        if metric_name != name:
+            continue
+        got = dict(kv.split("=", 1) for kv in rest.rstrip("}").split(",") if "=" in kv)
+        if all(got.get(k) == f'"{v}"' for k, v in (labels or {}).items()):
+            total += float(value)
+    return total
+
+
+def scrape(cluster: Cluster, pod: str) -> str:
+    """One replica's /metrics, through the apiserver's pod proxy (the admin may use it)."""
+    path = f"/api/v1/namespaces/{SYSTEM_NS}/pods/{pod}:8080/proxy/metrics"
+    return str(cluster.api("GET", path))
+
+
+def ready(pod: JsonDict) -> bool:
+    return pod.get("metadata", {}).get("deletionTimestamp") is None and any(
+        c["type"] == "Ready" and c["status"] == "True"
+        for c in pod.get("status", {}).get("conditions", [])
+    )
+
+
+async def controller_pods(kube: Kube) -> list[JsonDict]:
+    return list((await kube.list(PODS, SYSTEM_NS, label_selector=SELECTOR)).items)
+
+
+async def two_ready_one_leader(kube: Kube) -> tuple[JsonDict, JsonDict] | None:
+    """(leader, standby) once two replicas are Ready and exactly one is labelled leader."""
+    pods = [p for p in await controller_pods(kube) if ready(p)]
+    leaders = [p for p in pods if p["metadata"].get("labels", {}).get(LEADER_LABEL) == "leader"]
+    if len(pods) != 2 or len(leaders) != 1:
+        return None
+    standby = next(p for p in pods if p is not leaders[0])
+    return leaders[0], standby
+
+
+async def arrival_endpoints(kube: Kube) -> list[str]:
+    """The ready addresses behind the `gangjob-arrivals` Service."""
+    slices = await kube.list(
+        ENDPOINT_SLICES, SYSTEM_NS, label_selector="kubernetes.io/service-name=gangjob-arrivals"
+    )
+    return sorted(
+        addr
+        for s in slices.items
+        for ep in s.get("endpoints") or []
+        if (ep.get("conditions") or {}).get("ready")
+        for addr in ep.get("addresses", [])
+    )
+
+
+@pytest.fixture(scope="module")
+def in_cluster(node_cluster: Cluster) -> Iterator[None]:
+    """manifests/local applied, the controller image of this checkout on the node; everything
+    deleted afterwards (the next modules install what they need themselves)."""
+    node.import_image(node_cluster, controller_image(sys.stderr), sys.stderr)
+    kubectl(node_cluster, "apply", "-k", LOCAL)
+    try:
+        yield
+    finally:
+        kubectl(node_cluster, "delete", "-k", LOCAL, "--ignore-not-found", "--wait",
+                timeout=300)  # fmt: skip
+
+
+async def test_the_in_cluster_controller_fails_over_and_restarts_the_gang_in_place(
+    node_kube: Kube, node_namespace: str, node_cluster: Cluster, in_cluster: None
+) -> None:
+    ns = node_namespace
+    kubectl(node_cluster, "-n", SYSTEM_NS, "rollout", "status", f"deployment/{DEPLOYMENT}",
+            "--timeout=180s", timeout=200)  # fmt: skip
+    leader, standby = await eventually(
+        lambda: two_ready_one_leader(node_kube), 120, "two Ready replicas, one leader"
+    )
+    for p in (leader, standby):
+        assert p["spec"]["containers"][0]["image"] == CONTROLLER_IMAGE
+    leader_name, standby_name = leader["metadata"]["name"], standby["metadata"]["name"]
+    lease = await node_kube.get(LEASES, LEASE, SYSTEM_NS)
+    assert lease["spec"]["holderIdentity"] == leader_name
+    await eventually(
+        lambda: _when(arrival_endpoints(node_kube), [leader["status"]["podIP"]]),
+        60, "the arrival Service on the leader",
+    )  # fmt: skip
+
+    # 1. A worker fails once: the gang restarts in place, its arrivals over the Service.
+    await node_kube.create(GANGJOBS, gangjob("ddp"), ns)
+    job = await watch_job(node_kube, ns, "ddp", at_epoch(1), timeout=180, what="at epoch 1")
+    assert job["status"]["restarts"]["total"] == 1
+    assert job["status"]["restarts"]["inPlace"] == 1
+    pods = await gang_pods(node_kube, ns, "ddp")
+    uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
+    assert len(uids) == 3
+    text = scrape(node_cluster, leader_name)
+    # Epochs 0 and 1, three workers each, all reported to the leader's endpoint; none by the
+    # annotation fallback, and nothing refused.
+    assert metric(text, "gangjob_arrival_reports_total", {"result": "accepted"}) >= 6, text
+    assert metric(text, "gangjob_arrival_reports_total", {"result": "unauthorized"}) == 0
+    assert all("gangjob.io/epoch" not in p["metadata"].get("annotations", {}) for p in pods)
+    assert metric(scrape(node_cluster, standby_name), "gangjob_arrival_reports_total") == 0
+
+    # 2. The leader's pod goes: the standby takes the Lease within its lease duration.
+    duration = float(lease["spec"]["leaseDurationSeconds"])
+    t0 = time.monotonic()
+    await node_kube.delete(PODS, leader_name, SYSTEM_NS)
+    lease = await wait_for(
+        node_kube, LEASES, LEASE, SYSTEM_NS,
+        lambda ls: ls["spec"].get("holderIdentity") == standby_name,
+        duration, f"held by {standby_name}",
+    )  # fmt: skip
+    took_over = time.monotonic() - t0
+    print(f"standby {standby_name} took the lease {took_over:.1f}s after the delete")
+    new_ip = (await node_kube.get(PODS, standby_name, SYSTEM_NS))["status"]["podIP"]
+    await eventually(
+        lambda: _when(arrival_endpoints(node_kube), [new_ip]),
+        60, "the arrival Service on the new leader",
+    )  # fmt: skip
+    # The agents' streams to the old leader broke; each sends its report again, to the new one
+    # once the Service leads there. One that found no endpoint for 5 s (a loaded machine) has
+    # written the annotation instead, by design: its next report tries the Service again, which
+    # step 3 asserts. So here only what happened is printed.
+    # The Deployment brings a new standby.
+    await eventually(lambda: two_ready_one_leader(node_kube), 180, "a new standby")
+    streams = metric(scrape(node_cluster, standby_name), "gangjob_arrival_streams")
+    annotated = sum(
+        "gangjob.io/epoch" in p["metadata"].get("annotations", {})
+        for p in await gang_pods(node_kube, ns, "ddp")
+    )
+    print(f"after the failover: {streams:.0f} reports re-sent to the new leader, "
+          f"{annotated} by annotation")  # fmt: skip
+
+    # 3. A second failure: in place again, arrivals over the Service to the new leader.
+    before = metric(scrape(node_cluster, standby_name), "gangjob_arrival_reports_total",
+                    {"result": "accepted"})  # fmt: skip
+    victim = sorted(uids)[0]
+    kubectl(node_cluster, "-n", ns, "exec", victim, "-c", "trainer", "--", "touch",
+            "/scratch/fail")  # fmt: skip
+    job = await watch_job(node_kube, ns, "ddp", at_epoch(2), timeout=180, what="at epoch 2")
+    assert job["status"]["restarts"]["total"] == 2
+    assert job["status"]["restarts"]["inPlace"] == 2
+    assert job["status"]["lastRestart"]["recreated"] == []
+    pods = await gang_pods(node_kube, ns, "ddp")
+    assert {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods} == uids
+    text = scrape(node_cluster, standby_name)
+    # The agents reached the new leader through the Service: it took the three arrivals at
+    # epoch 2, none came by annotation, and all three hold their reports with it.
+    assert metric(text, "gangjob_arrival_reports_total", {"result": "accepted"}) >= before + 3
+    assert metric(text, "leader_election_master_status", {"name": LEASE}) == 1
+    for p in pods:
+        assert p["metadata"].get("annotations", {}).get("gangjob.io/epoch") != "2", p
+    await eventually(
+        lambda: _metric_at_least(node_cluster, standby_name, "gangjob_arrival_streams", 3),
+        60, "three agents holding their reports with the new leader",
+    )  # fmt: skip
+
+    # 4. Prometheus' way in: the metrics Service, from a pod.
+    await _scrape_through_service(node_kube, node_cluster, ns)
+
+
+async def _when(got: Awaitable[T], want: T) -> T | None:
+    value = await got
+    return value if value == want else None
+
+
+async def _metric_at_least(cluster: Cluster, pod: str, name: str, value: float) -> float | None:
+    got = await asyncio.to_thread(lambda: metric(scrape(cluster, pod), name))
+    return got if got >= value else None
+
+
+SCRAPE = r"""
+import sys, urllib.request
+with urllib.request.urlopen(sys.argv[1], timeout=10) as resp:
+    print(resp.read().decode())
+"""
+
+
+async def _scrape_through_service(kube: Kube, cluster: Cluster, ns: str) -> None:
+    url = f"http://gangjob-controller-metrics.{SYSTEM_NS}.svc:8080/metrics"
+    body: dict[str, Any] = {
+        "metadata": {"name": "scrape"},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {
+                    "name": "scrape",
+                    "image": node.AGENT_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["/usr/bin/python3", "-c", SCRAPE, url],
+                }
+            ],
+        },
+    }
+    await kube.create(PODS, body, ns)
+    done = await wait_for(
+        kube, PODS, "scrape", ns,
+        lambda p: p.get("status", {}).get("phase") in ("Succeeded", "Failed"), 90, "finished",
+    )  # fmt: skip
+    log = kubectl(cluster, "-n", ns, "logs", "scrape")
+    assert done["status"]["phase"] == "Succeeded", log
+    assert "# TYPE gangjob_arrival_reports_total counter" in log
+    assert "leader_election_master_status" in log
