@@ -33,14 +33,11 @@ POD_GROUP_TEMPLATE: Final = "workers"
 """The Workload's one PodGroupTemplate: every worker of the gang."""
 
 
-def workload_name(job_name: str) -> str:
-    """The Workload of a gang has the gang's name."""
-    return job_name
-
-
-def pod_group_name(job_name: str) -> str:
-    """The PodGroup of a gang has the gang's name (another kind than the Workload)."""
-    return job_name
+def pod_group_name(job: GangJob) -> str:
+    """`<job>-of-<replicas>`, and the Workload's name too. The size is in the name because both
+    are immutable, with `minCount` in them: a gang resized gets new ones, and its workers still
+    linked to the old ones keep new workers out of the new (see `gang_scheduling`)."""
+    return f"{job.metadata.name}-of-{job.spec.replicas}"
 
 
 def gang_policy(job: GangJob) -> dict[str, Any]:
@@ -49,14 +46,14 @@ def gang_policy(job: GangJob) -> dict[str, Any]:
 
 
 def build_workload(job: GangJob) -> dict[str, Any]:
-    """The Workload `<job>`: one PodGroupTemplate with the gang policy, owned by the GangJob.
-    Its templates are immutable; the PodGroup copies the policy from it."""
+    """The Workload `<job>-of-<replicas>`: one PodGroupTemplate with the gang policy, owned by
+    the GangJob. Its templates are immutable; the PodGroup copies the policy from it."""
     name = job.metadata.name
     return {
         "apiVersion": SCHEDULING_API_VERSION,
         "kind": "Workload",
         "metadata": {
-            "name": workload_name(name),
+            "name": pod_group_name(job),
             "namespace": job.metadata.namespace,
             "labels": {LABEL_NAME: name},
             "ownerReferences": [podspec.owner_reference(job)],
@@ -71,14 +68,15 @@ def build_workload(job: GangJob) -> dict[str, Any]:
 
 
 def build_pod_group(job: GangJob) -> dict[str, Any]:
-    """The PodGroup `<job>` made from the Workload's template, owned by the GangJob. The
-    apiserver refuses it (admission `PodGroupWorkloadExists`) until the Workload exists."""
+    """The PodGroup `<job>-of-<replicas>` made from the Workload's template, owned by the
+    GangJob. The apiserver refuses it (admission `PodGroupWorkloadExists`) until the Workload
+    exists."""
     name = job.metadata.name
     return {
         "apiVersion": SCHEDULING_API_VERSION,
         "kind": "PodGroup",
         "metadata": {
-            "name": pod_group_name(name),
+            "name": pod_group_name(job),
             "namespace": job.metadata.namespace,
             "labels": {LABEL_NAME: name},
             "ownerReferences": [podspec.owner_reference(job)],
@@ -86,7 +84,7 @@ def build_pod_group(job: GangJob) -> dict[str, Any]:
         "spec": {
             "podGroupTemplateRef": {
                 "workload": {
-                    "workloadName": workload_name(name),
+                    "workloadName": pod_group_name(job),
                     "podGroupTemplateName": POD_GROUP_TEMPLATE,
                 }
             },
@@ -105,15 +103,16 @@ def gang_scheduling(p: Pass) -> bool:
     """Sets the `GangScheduling` condition and, when it is in force and this pass creates
     workers, has the Workload and PodGroup created first and links each new worker to it.
 
-    A gang any of whose live workers runs outside the PodGroup (created before the API was
-    served, or with `Off`) gets no link for its new workers either: the PodGroup's quorum
-    counts only linked pods, so a lone linked replacement would wait for ever.
+    A gang any of whose live workers runs outside this PodGroup (created before the API was
+    served, or with `Off`, or before the gang was resized) gets no link for its new workers
+    either: the PodGroup's quorum counts only its own pods, so a replacement linked alone would
+    wait for ever.
     """
     if p.config.pod_groups_served is None:
         return False
-    name = p.job.metadata.name
+    group = pod_group_name(p.job)
     mode = p.job.spec.scheduling.gang
-    unlinked = sorted(pod.name for pod in p.staying().values() if pod.pod_group is None)
+    unlinked = sorted(pod.name for pod in p.staying().values() if pod.pod_group != group)
     if mode is GangSchedulingMode.OFF:
         status, reason = ConditionStatus.FALSE, REASON_GANG_OFF
         message = "spec.scheduling.gang is Off: workers are scheduled one by one"
@@ -126,20 +125,20 @@ def gang_scheduling(p: Pass) -> bool:
     elif unlinked:
         status, reason = ConditionStatus.FALSE, REASON_GANG_UNLINKED
         message = (
-            f"Worker pod {unlinked[0]} runs outside a PodGroup: new workers are scheduled one "
-            "by one until the gang is created whole again"
+            f"Worker pod {unlinked[0]} runs outside PodGroup {group}: new workers are "
+            "scheduled one by one until the gang is created whole again"
         )
     else:
         status, reason = ConditionStatus.TRUE, REASON_GANG_POD_GROUP
         message = (
-            f"Workers are placed all-or-nothing through PodGroup {pod_group_name(name)} "
+            f"Workers are placed all-or-nothing through PodGroup {group} "
             f"(minCount {p.job.spec.replicas})"
         )
         if p.create_pods:
             p.create_workload = build_workload(p.job)
             p.create_pod_group = build_pod_group(p.job)
             for pod in p.create_pods.values():
-                link(pod, pod_group_name(name))
+                link(pod, group)
     held = get_condition(p.conditions, ConditionType.GANG_SCHEDULING)
     if reason == REASON_GANG_NOT_SERVED and (held is None or held.reason != reason):
         p.events.append(EventSpec("Warning", reason, message))

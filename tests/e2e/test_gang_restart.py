@@ -94,7 +94,7 @@ async def test_a_trainer_that_exits_once_restarts_the_gang_in_place(
     # The gang was placed whole through its PodGroup (the node cluster runs with KEP-4671 gang
     # scheduling), and the in-place restart kept every pod where it was.
     for p in pods:
-        assert p["spec"]["schedulingGroup"] == {"podGroupName": "ddp"}, p["metadata"]["name"]
+        assert p["spec"]["schedulingGroup"] == {"podGroupName": "ddp-of-3"}, p["metadata"]["name"]
     conds = {c["type"]: c for c in st["conditions"]}
     assert conds["GangScheduling"]["status"] == "True"
     if mode == "Pod":

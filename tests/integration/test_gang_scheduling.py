@@ -129,7 +129,7 @@ async def test_with_gang_scheduling_one_gang_runs_whole_and_the_other_waits_unbo
     group = await wait_for(
         sim_kube,
         PODGROUPS,
-        second,
+        f"{second}-of-{WORKERS}",
         namespace,
         lambda g: any(
             c["type"] == "PodGroupScheduled" and c["status"] == "False"
@@ -143,7 +143,7 @@ async def test_with_gang_scheduling_one_gang_runs_whole_and_the_other_waits_unbo
     assert bound(pods, second) == 0
     assert bound(pods, first) == WORKERS
     for pod in of(pods, second):
-        assert pod["spec"]["schedulingGroup"] == {"podGroupName": second}
+        assert pod["spec"]["schedulingGroup"] == {"podGroupName": f"{second}-of-{WORKERS}"}
     job = await sim_kube.get(GANGJOBS, second, namespace)
     assert gang_condition(job)["status"] == "True"
     assert gang_condition(job)["reason"] == "PodGroupGangPolicy"

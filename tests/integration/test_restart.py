@@ -293,7 +293,7 @@ async def test_node_lost_worker_is_force_deleted_and_recreated_alone(
         assert after[n]["metadata"]["uid"] == before[n]["metadata"]["uid"], "should stay in place"
     # With gang scheduling the recreated worker joins the gang's PodGroup: the workers still
     # bound count towards its quorum (minCount 3), so it is placed alone, at once.
-    group = {"podGroupName": "lost"} if gang_scheduling == "Auto" else None
+    group = {"podGroupName": "lost-of-3"} if gang_scheduling == "Auto" else None
     for n, pod in after.items():
         assert pod["spec"].get("schedulingGroup") == group, n
     last = job["status"]["lastRestart"]

@@ -19,7 +19,7 @@ SERVED = PlanConfig(pod_groups_served=True)
 NOT_SERVED = PlanConfig(pod_groups_served=False)
 
 
-def linked(pod: dict[str, object], group: str = JOB_NAME) -> dict[str, object]:
+def linked(pod: dict[str, object], group: str = f"{JOB_NAME}-of-3") -> dict[str, object]:
     pod["spec"]["schedulingGroup"] = {"podGroupName": group}  # type: ignore[index]
     return pod
 
@@ -28,7 +28,7 @@ def test_a_new_gang_gets_a_workload_then_a_pod_group_and_every_worker_is_linked(
     result = plan(observe(make_job(replicas=3)), SERVED)
     assert names(result) == ["llama-0", "llama-1", "llama-2"]
     for pod in result.create_pods:
-        assert pod["spec"]["schedulingGroup"] == {"podGroupName": JOB_NAME}
+        assert pod["spec"]["schedulingGroup"] == {"podGroupName": "llama-of-3"}
     workload, group = result.create_workload, result.create_pod_group
     assert workload is not None
     assert group is not None
@@ -40,10 +40,11 @@ def test_a_new_gang_gets_a_workload_then_a_pod_group_and_every_worker_is_linked(
         "kind": "GangJob",
         "name": JOB_NAME,
     }
-    assert group["metadata"]["name"] == JOB_NAME
+    assert workload["metadata"]["name"] == "llama-of-3"
+    assert group["metadata"]["name"] == "llama-of-3"
     assert group["spec"] == {
         "podGroupTemplateRef": {
-            "workload": {"workloadName": JOB_NAME, "podGroupTemplateName": "workers"}
+            "workload": {"workloadName": "llama-of-3", "podGroupTemplateName": "workers"}
         },
         "schedulingPolicy": {"gang": {"minCount": 3}},
     }
@@ -53,7 +54,7 @@ def test_a_new_gang_gets_a_workload_then_a_pod_group_and_every_worker_is_linked(
     assert condition(result, ConditionType.GANG_SCHEDULING) == (
         "True",
         "PodGroupGangPolicy",
-        "Workers are placed all-or-nothing through PodGroup llama (minCount 3)",
+        "Workers are placed all-or-nothing through PodGroup llama-of-3 (minCount 3)",
     )
     assert result.events == [EventSpec("Normal", "WorkersCreated", "Created 3 worker pod(s)")]
 
@@ -112,7 +113,7 @@ def test_a_worker_recreated_after_node_loss_joins_the_same_pod_group() -> None:
     after = dataclasses.replace(after, pods=[p for p in after.pods if p.name != "llama-1"])
     second = plan(after, SERVED)
     assert names(second) == ["llama-1"]
-    assert second.create_pods[0]["spec"]["schedulingGroup"] == {"podGroupName": JOB_NAME}
+    assert second.create_pods[0]["spec"]["schedulingGroup"] == {"podGroupName": "llama-of-3"}
     assert second.create_pod_group == build_pod_group(after.job)
     assert second.create_workload == build_workload(after.job)
     cond = condition(second, ConditionType.GANG_SCHEDULING)
@@ -141,6 +142,20 @@ def test_a_new_gang_with_no_status_yet_is_linked_whole() -> None:
     observed = gang(replicas=2, status=GangJobStatus(), pods=[])
     result = plan(observed, SERVED)
     assert [p["spec"]["schedulingGroup"]["podGroupName"] for p in result.create_pods] == [
-        JOB_NAME,
-        JOB_NAME,
+        "llama-of-2",
+        "llama-of-2",
     ]
+
+
+def test_a_resized_gang_keeps_new_workers_out_of_the_new_pod_group() -> None:
+    # Linked to the PodGroup of 3 (minCount 3), the gang is now of 4: the new PodGroup's quorum
+    # would count the new worker alone, so it is not linked.
+    observed = gang(replicas=4, pods=[linked(worker(r, 0)) for r in range(3)])
+    result = plan(observed, SERVED)
+    assert names(result) == ["llama-3"]
+    assert "schedulingGroup" not in result.create_pods[0]["spec"]
+    assert result.create_pod_group is None
+    cond = condition(result, ConditionType.GANG_SCHEDULING)
+    assert cond is not None
+    assert cond[:2] == ("False", "WorkersOutsidePodGroup")
+    assert "outside PodGroup llama-of-4" in cond[2]

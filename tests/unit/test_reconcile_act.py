@@ -118,11 +118,13 @@ async def test_a_pod_group_left_by_a_namesake_holds_the_workers_back() -> None:
     def caches_of(api: CreateRecorder) -> Caches:
         return Caches(*(Store(cast(Any, api), k) for k in (GANGJOBS, PODS, NODES, SERVICES)))
 
-    api = CreateRecorder({"Workload/llama": ours, "PodGroup/llama": theirs})
-    with pytest.raises(RuntimeError, match=r"PodGroup .*/llama exists but is not this GangJob's"):
+    api = CreateRecorder({"Workload/llama-of-2": ours, "PodGroup/llama-of-2": theirs})
+    with pytest.raises(
+        RuntimeError, match=r"PodGroup .*/llama-of-2 exists but is not this GangJob's"
+    ):
         await Reconciler(cast(Any, api), caches_of(api)).act(job, job_dict(2), _gang_plan(job))
     assert [k for k, _ in api.created if k == "Pod"] == []
     # Found there already and ours (a pass that died half-way): the workers are created.
-    api = CreateRecorder({"Workload/llama": ours, "PodGroup/llama": ours})
+    api = CreateRecorder({"Workload/llama-of-2": ours, "PodGroup/llama-of-2": ours})
     await Reconciler(cast(Any, api), caches_of(api)).act(job, job_dict(2), _gang_plan(job))
     assert [k for k, _ in api.created if k == "Pod"] == ["Pod", "Pod"]
