@@ -112,7 +112,8 @@ def gang_scheduling(p: Pass) -> bool:
         return False
     group = pod_group_name(p.job)
     mode = p.job.spec.scheduling.gang
-    unlinked = sorted(pod.name for pod in p.staying().values() if pod.pod_group != group)
+    # The message names no pod: the workers this pass creates unlinked would change it.
+    unlinked = any(pod.pod_group != group for pod in p.staying().values())
     if mode is GangSchedulingMode.OFF:
         status, reason = ConditionStatus.FALSE, REASON_GANG_OFF
         message = "spec.scheduling.gang is Off: workers are scheduled one by one"
@@ -125,8 +126,8 @@ def gang_scheduling(p: Pass) -> bool:
     elif unlinked:
         status, reason = ConditionStatus.FALSE, REASON_GANG_UNLINKED
         message = (
-            f"Worker pod {unlinked[0]} runs outside PodGroup {group}: new workers are "
-            "scheduled one by one until the gang is created whole again"
+            f"Workers run outside PodGroup {group}: new workers are scheduled one by one "
+            "until the gang is created whole again"
         )
     else:
         status, reason = ConditionStatus.TRUE, REASON_GANG_POD_GROUP

@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import dataclasses
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from api.constants import ConditionType
 from api.v1alpha1 import GangJobStatus
 from controller.policy.plan import EventSpec, Observed, PlanConfig, plan
-from controller.policy.scheduling import build_pod_group, build_workload
+from controller.policy.scheduling import build_pod_group, build_workload, pod_group_name
 from controller.policy.views import PodView
 from tests.unit.builders import JOB_NAME, JOB_UID, make_job, make_node
 from tests.unit.gangs import carry_out, condition, gang, names, observe, worker
+from tests.unit.test_plan import worlds
 
 SERVED = PlanConfig(pod_groups_served=True)
 NOT_SERVED = PlanConfig(pod_groups_served=False)
@@ -130,7 +134,7 @@ def test_a_gang_running_outside_a_pod_group_gets_no_link_for_its_new_worker() ->
     cond = condition(result, ConditionType.GANG_SCHEDULING)
     assert cond is not None
     assert cond[:2] == ("False", "WorkersOutsidePodGroup")
-    assert "llama-0" in cond[2]
+    assert "outside PodGroup llama-of-3" in cond[2]
 
 
 def test_a_pod_view_reads_its_pod_group() -> None:
@@ -159,3 +163,23 @@ def test_a_resized_gang_keeps_new_workers_out_of_the_new_pod_group() -> None:
     assert cond is not None
     assert cond[:2] == ("False", "WorkersOutsidePodGroup")
     assert "outside PodGroup llama-of-4" in cond[2]
+
+
+@settings(max_examples=200)
+@given(worlds(), st.sampled_from([SERVED, NOT_SERVED, PlanConfig()]))
+def test_gang_scheduling_is_idempotent_and_links_all_new_workers_or_none(
+    observed: Observed, config: PlanConfig
+) -> None:
+    first = plan(observed, config)
+    groups = {p["spec"].get("schedulingGroup", {}).get("podGroupName") for p in first.create_pods}
+    assert len(groups) <= 1
+    if groups - {None}:
+        assert groups == {pod_group_name(observed.job)}
+        assert first.create_pod_group == build_pod_group(observed.job)
+        assert first.create_workload == build_workload(observed.job)
+    else:
+        assert first.create_pod_group is None
+        assert first.create_workload is None
+    second = plan(carry_out(observed, first), config)
+    assert second.events == []
+    assert second.status == first.status
