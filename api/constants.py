@@ -64,6 +64,8 @@ class ConditionType(StrEnum):
     SUSPENDED = "Suspended"
     MODE_DEGRADED = "ModeDegraded"
     """The cluster cannot honour `spec.restart.mode`; `status.mode` says what runs instead."""
+    GANG_SCHEDULING = "GangScheduling"
+    """True: kube-scheduler places the workers all-or-nothing (KEP-4671 PodGroup)."""
 
 
 # --- condition and Event reasons (CamelCase) ------------------------------------------------------
@@ -85,6 +87,15 @@ REASON_MAX_RESTARTS: Final = "MaxRestartsExceeded"
 REASON_GANG_RESTARTING: Final = "GangRestarting"
 REASON_GANG_RESTARTED: Final = "GangRestarted"
 REASON_BARRIER_OPEN: Final = "BarrierOpen"
+REASON_GANG_POD_GROUP: Final = "PodGroupGangPolicy"
+"""GangScheduling True: the workers are linked to a PodGroup with a gang policy."""
+REASON_GANG_OFF: Final = "GangSchedulingOff"
+"""GangScheduling False: `spec.scheduling.gang` is `Off`."""
+REASON_GANG_NOT_SERVED: Final = "PodGroupAPINotServed"
+"""GangScheduling False (and a Warning Event, once): the cluster does not serve the API."""
+REASON_GANG_UNLINKED: Final = "WorkersOutsidePodGroup"
+"""GangScheduling False: live workers were created without a PodGroup; the gang keeps that
+until it is created whole again (a PodGroup's quorum would never count them)."""
 REASON_WORKER_RECREATED: Final = "WorkerRecreated"
 REASON_FORCE_DELETED: Final = "ForceDeleted"
 REASON_NODES_LACK_FEATURE: Final = "NodesLackRestartAllContainers"

@@ -409,6 +409,26 @@ class NodeLossSpec(_Model):
     )
 
 
+class GangSchedulingMode(StrEnum):
+    """Whether the gang is placed all-or-nothing by kube-scheduler (KEP-4671)."""
+
+    AUTO = "Auto"
+    OFF = "Off"
+
+
+class SchedulingSpec(_Model):
+    """How the gang's pods are scheduled."""
+
+    gang: GangSchedulingMode = Field(
+        default=GangSchedulingMode.AUTO,
+        description="`Auto`: when the cluster serves `scheduling.k8s.io/v1alpha2` PodGroups, "
+        "the controller creates a Workload and a PodGroup whose gang policy's `minCount` is "
+        "`replicas`, and links every worker to it, so that kube-scheduler binds no worker "
+        "until all of them fit; elsewhere workers are scheduled one by one, as with `Off`. "
+        "The `GangScheduling` condition says which is in force.",
+    )
+
+
 _SPEC_RULES: Final[list[JsonValue]] = [
     {
         "rule": "!has(self.trainerContainer) || "
@@ -457,6 +477,11 @@ class GangJobSpec(_Model):
     node_loss: NodeLossSpec = Field(
         default_factory=NodeLossSpec,
         description="What happens to workers whose node is lost.",
+        json_schema_extra={"default": {}},
+    )
+    scheduling: SchedulingSpec = Field(
+        default_factory=SchedulingSpec,
+        description="How the gang's pods are scheduled.",
         json_schema_extra={"default": {}},
     )
     success_policy: SuccessPolicy = Field(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -29,6 +30,7 @@ from controller.k8s import (
     GANGJOBS,
     LEASES,
     NODES,
+    PODGROUPS,
     PODS,
     SERVICES,
     TOKENREVIEWS,
@@ -291,12 +293,21 @@ class Manager:
         except Exception as e:
             log.warning("cannot label own pod %s/%s (%s): agents arrive by annotation", ns, name, e)
 
+    async def _discover(self) -> None:
+        """What the cluster serves that plan depends on: the KEP-4671 PodGroup API."""
+        served = await self.kube.served(PODGROUPS)
+        self.reconciler.config = dataclasses.replace(
+            self.reconciler.config, pod_groups_served=served
+        )
+        log.info("scheduling.k8s.io/v1alpha2 PodGroups %s", "served" if served else "not served")
+
     async def _lead(self) -> None:
         self.is_leader = True
         await self._label_own_pod(True)
         log.info("leading: starting %d reconcile workers", self.settings.workers)
         for s in self.stores:
             await s.wait_synced()
+        await self._discover()
         collector.settle()  # the caches are filled: from here the collector paces itself
         # Everything the caches hold now, once: events before we led were not acted upon.
         for key in self.jobs.keys():  # noqa: SIM118 (a Store, not a dict)

@@ -3,7 +3,7 @@
 All decisions are `controller.policy.plan`'s; this module only gathers what plan needs and
 carries out what it returns, in a fixed order: **one** status write (conditional on the
 resourceVersion read, so a stale cache can never write an older epoch over a newer one), then the
-Service, pod deletions and pod creations, and the Events.
+Service, pod deletions, the gang's Workload and PodGroup, pod creations, and the Events.
 """
 
 from __future__ import annotations
@@ -27,14 +27,17 @@ from controller.arrivals.book import ArrivalBook
 from controller.k8s import (
     CORE_EVENTS,
     GANGJOBS,
+    PODGROUPS,
     PODS,
     SERVICES,
+    WORKLOADS,
     AlreadyExists,
     ApiError,
     Conflict,
     JsonDict,
     Kube,
     NotFound,
+    ResourceKind,
 )
 from controller.k8s.store import BY_GANGJOB, Store
 from controller.policy.plan import EventSpec, Observed, Plan, PlanConfig, PodDelete, plan
@@ -243,6 +246,11 @@ class Reconciler:
             # between pods does not matter.
             deleted = await asyncio.gather(*(self._delete_pod(ns, d) for d in decided.delete_pods))
             out.deleted = sum(deleted)
+        if decided.create_workload is not None:
+            await self._ensure_owned(WORKLOADS, decided.create_workload, job)
+        if decided.create_pod_group is not None:
+            # After the Workload: the apiserver refuses a PodGroup whose Workload is missing.
+            await self._ensure_owned(PODGROUPS, decided.create_pod_group, job)
         if decided.create_pods:
             # The workers' agents run as `gangjob-worker`: make it exist in this namespace first.
             await ensure_worker_access(self.kube, ns)
@@ -300,6 +308,24 @@ class Reconciler:
                 "gang %s/%s: %s of worker %s -> epoch %d (%s)",
                 ns, name, r.trigger.failure_class, r.trigger.worker, r.epoch, r.trigger.action,
             )  # fmt: skip
+
+    async def _ensure_owned(self, kind: ResourceKind, obj: JsonDict, job: GangJob) -> None:
+        """Creates `obj`, or finds it there already, owned by this job and not being deleted:
+        anything else (a namesake's leftover that garbage collection has yet to remove) raises,
+        so that no pod is linked to it and the pass is retried with backoff."""
+        ns, name = job.metadata.namespace, obj["metadata"]["name"]
+        try:
+            await self.kube.create(kind, obj, ns)
+            return
+        except AlreadyExists:
+            found = await self.kube.get(kind, name, ns)
+        meta = found.get("metadata") or {}
+        owners = [r.get("uid") for r in meta.get("ownerReferences") or [] if r.get("controller")]
+        if owners != [job.metadata.uid] or meta.get("deletionTimestamp"):
+            raise RuntimeError(
+                f"{kind.kind} {ns}/{name} exists but is not this GangJob's (or is being "
+                "deleted): waiting for it to go before creating workers"
+            )
 
     async def _create_pod(self, ns: str, pod: JsonDict) -> bool:
         async with self._pod_write_slots:

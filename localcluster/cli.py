@@ -55,6 +55,12 @@ def parser() -> argparse.ArgumentParser:
         type=float,
         help="batch the controller-manager's Endpoints/EndpointSlice updates this long",
     )
+    u.add_argument(
+        "--gang-scheduling",
+        action="store_true",
+        help="serve scheduling.k8s.io/v1alpha2 (Workload, PodGroup) and enable the scheduler's "
+        "GangScheduling plugin (KEP-4671; gates GenericWorkload, GangScheduling)",
+    )
 
     d = sub.add_parser("down", help="stop a cluster and undo its changes to the host")
     d.add_argument("--profile", choices=["sim", "node"], default="sim")
@@ -106,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                 scheduler_qps=args.scheduler_qps,
                 node_monitor_grace_seconds=args.node_monitor_grace_seconds,
                 endpoint_batch_seconds=args.endpoint_batch_seconds,
+                gang_scheduling=args.gang_scheduling,
             )
             kubeconfig = cluster.up(opts, sys.stderr)
             print(f"KUBECONFIG={kubeconfig}")

@@ -7,6 +7,7 @@ a `ClusterHandle` that can also start and stop.
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 import time
@@ -41,6 +42,9 @@ class Options:
     """The controller-manager's Endpoints and EndpointSlice update batching period (default
     none): every pod change behind a Service costs those controllers a pass over all of its
     pods, so a large gang restarting at once keeps them busy unless changes are batched."""
+    gang_scheduling: bool = False
+    """KEP-4671 gang scheduling: the `GANG_SCHEDULING_GATES` on the control plane, the
+    `scheduling.k8s.io/v1alpha2` API served, and the scheduler's `GangScheduling` plugin."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -52,7 +56,19 @@ class Options:
             "scheduler_qps": self.scheduler_qps,
             "node_monitor_grace_seconds": self.node_monitor_grace_seconds,
             "endpoint_batch_seconds": self.endpoint_batch_seconds,
+            "gang_scheduling": self.gang_scheduling,
         }
+
+    def control_plane_gates(self) -> dict[str, bool]:
+        """The feature gates of the apiserver, controller-manager and scheduler: those gang
+        scheduling needs, then `feature_gates` (which wins)."""
+        return {**(GANG_SCHEDULING_GATES if self.gang_scheduling else {}), **self.feature_gates}
+
+
+GANG_SCHEDULING_GATES: dict[str, bool] = {"GenericWorkload": True, "GangScheduling": True}
+"""Both alpha and off by default in 1.36: `GenericWorkload` serves the Workload and PodGroup API
+(and `spec.schedulingGroup` on pods), `GangScheduling` (which requires it) the scheduler plugin."""
+GANG_SCHEDULING_API = "scheduling.k8s.io/v1alpha2"
 
 
 class Cluster(ClusterHandle):
@@ -159,7 +175,9 @@ class Cluster(ClusterHandle):
             pki.write_kubeconfig(
                 self.dir / f"{ident.stem}.kubeconfig", self.pki, self.server, ident.stem, ident.cn
             )
-        gates = ",".join(f"{k}={'true' if v else 'false'}" for k, v in opts.feature_gates.items())
+        gates = ",".join(
+            f"{k}={'true' if v else 'false'}" for k, v in opts.control_plane_gates().items()
+        )
         gate_flags = [f"--feature-gates={gates}"] if gates else []
 
         out.write(f"starting etcd on 127.0.0.1:{self.ports.etcd}\n")
@@ -168,7 +186,7 @@ class Cluster(ClusterHandle):
             "etcd", lambda: _http_ok(f"http://127.0.0.1:{self.ports.etcd}/health"), 30, "etcd"
         )
         out.write(f"starting kube-apiserver on 127.0.0.1:{self.ports.apiserver}\n")
-        self.launch("kube-apiserver", self._apiserver_cmd(gate_flags))
+        self.launch("kube-apiserver", self._apiserver_cmd(gate_flags, opts))
         self.wait_for("kube-apiserver /readyz", self._readyz, 90, "kube-apiserver")
         out.write("starting kube-controller-manager and kube-scheduler\n")
         self.launch("kube-controller-manager", self._kcm_cmd(gate_flags, opts))
@@ -217,8 +235,11 @@ class Cluster(ClusterHandle):
             "--log-level=warn",
         ]
 
-    def _apiserver_cmd(self, gate_flags: list[str]) -> list[str]:
+    def _apiserver_cmd(self, gate_flags: list[str], opts: Options) -> list[str]:
         k = self.pki
+        runtime_config = (
+            [f"--runtime-config={GANG_SCHEDULING_API}=true"] if opts.gang_scheduling else []
+        )
         return [
             str(binary("kube-apiserver").path),
             "--bind-address=127.0.0.1",
@@ -251,6 +272,7 @@ class Cluster(ClusterHandle):
             "--event-ttl=1h",
             "--v=1",
             *gate_flags,
+            *runtime_config,
         ]
 
     def _component_auth(self, stem: str) -> list[str]:
@@ -297,7 +319,13 @@ class Cluster(ClusterHandle):
             "--v=1",
             *gate_flags,
         ]
-        if opts.scheduler_qps:
+        if opts.gang_scheduling:
+            # A --config file makes the scheduler ignore --kubeconfig and --kube-api-qps/-burst:
+            # the file carries them.
+            config = self.dir / "scheduler-config.json"
+            config.write_text(json.dumps(scheduler_config(self.dir / "scheduler.kubeconfig", opts)))
+            cmd.append(f"--config={config}")
+        elif opts.scheduler_qps:
             cmd += [
                 f"--kube-api-qps={opts.scheduler_qps}",
                 f"--kube-api-burst={2 * opts.scheduler_qps}",
@@ -336,6 +364,29 @@ SIMULATED_KUBELET_LABEL = "localcluster.gangjob.io/simulated-kubelet"
 KWOK deletes a terminating pod by name alone: under load its delete comes late and removes a
 new pod of the same name (a recreated worker). The real kubelet deletes for the pod's UID, and
 so does the simulation."""
+
+
+def scheduler_config(kubeconfig: Path, opts: Options) -> dict[str, Any]:
+    """The KubeSchedulerConfiguration of a gang-scheduling cluster: the default profile with
+    the `GangScheduling` plugin enabled at every extension point it implements (PreEnqueue,
+    Permit). 1.36 adds it to the defaults when its gate is on; naming it is what a cluster
+    whose scheduler runs from a configuration file needs, so it is spelt out here."""
+    connection: dict[str, Any] = {"kubeconfig": str(kubeconfig)}
+    if opts.scheduler_qps:
+        connection.update(qps=opts.scheduler_qps, burst=2 * opts.scheduler_qps)
+    return {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "clientConnection": connection,
+        "leaderElection": {"leaderElect": False},
+        "enableProfiling": False,
+        "profiles": [
+            {
+                "schedulerName": "default-scheduler",
+                "plugins": {"multiPoint": {"enabled": [{"name": "GangScheduling"}]}},
+            }
+        ],
+    }
 
 
 def kwok_stages(stages: str) -> str:

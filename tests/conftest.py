@@ -28,8 +28,10 @@ CLUSTER_PREFIX = os.environ.get("GANGJOB_TEST_CLUSTERS", "test")
 SIM_NAME = f"{CLUSTER_PREFIX}-sim"
 NODE_NAME = f"{CLUSTER_PREFIX}-node"
 # What the integration tests need of the simulated cluster: a few nodes, with GPUs to lose.
-SIM_OPTIONS = Options(profile="sim", nodes=4, gpus_per_node=8)
-NODE_OPTIONS = Options(profile="node", nodes=1)
+# Both run with KEP-4671 gang scheduling on; tests/integration/test_gates_off.py covers a
+# cluster without it.
+SIM_OPTIONS = Options(profile="sim", nodes=4, gpus_per_node=8, gang_scheduling=True)
+NODE_OPTIONS = Options(profile="node", nodes=1, gang_scheduling=True)
 
 
 @pytest.fixture(scope="session", autouse=True)

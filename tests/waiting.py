@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
-from controller.k8s import JsonDict, Kube, NotFound, ResourceKind
+from controller.k8s import PODS, JsonDict, Kube, NotFound, ResourceKind
 
 
 async def wait_for(
@@ -82,4 +82,52 @@ async def wait_gone(
     except TimeoutError:
         raise AssertionError(
             f"{kind.kind} {namespace}/{name} still there after {timeout}s"
+        ) from None
+
+
+async def wait_for_pods(
+    kube: Kube,
+    namespace: str,
+    predicate: Callable[[list[JsonDict]], bool],
+    timeout: float = 30.0,
+    what: str = "",
+    label_selector: str | None = None,
+) -> list[JsonDict]:
+    """Returns the namespace's pods once ``predicate`` holds for all of them together (a list,
+    then a watch from its resourceVersion); fails the test after ``timeout``."""
+    pods: dict[str, JsonDict] = {}
+
+    async def run() -> list[JsonDict]:
+        listed = await kube.list(PODS, namespace, label_selector=label_selector)
+        pods.update({p["metadata"]["uid"]: p for p in listed.items})
+        if predicate(list(pods.values())):
+            return list(pods.values())
+        stream = kube.watch(
+            PODS,
+            namespace,
+            label_selector=label_selector,
+            resource_version=listed.resource_version,
+        )
+        async with contextlib.aclosing(stream):
+            async for ev in stream:
+                uid = ev.object.get("metadata", {}).get("uid", "")
+                if ev.type == "DELETED":
+                    pods.pop(uid, None)
+                elif ev.type in ("ADDED", "MODIFIED"):
+                    pods[uid] = ev.object
+                else:
+                    continue
+                if predicate(list(pods.values())):
+                    return list(pods.values())
+        raise AssertionError("watch ended")
+
+    try:
+        return await asyncio.wait_for(run(), timeout)
+    except TimeoutError:
+        seen = sorted(
+            (p["metadata"]["name"], p.get("spec", {}).get("nodeName")) for p in pods.values()
+        )
+        raise AssertionError(
+            f"pods of {namespace}: not {what or 'as expected'} after {timeout}s; last seen "
+            f"(name, node): {seen}"
         ) from None

@@ -14,6 +14,7 @@ from typing import Any, Self
 
 from kubernetes_asyncio.client import ApiClient
 
+from controller.k8s.errors import NotFound
 from controller.k8s.kinds import JsonDict, ResourceKind
 from controller.k8s.transforms import Transform
 from controller.k8s.transport import (
@@ -91,6 +92,16 @@ class Kube:
         await self.close()
 
     # reading
+
+    async def served(self, kind: ResourceKind, *, request_timeout: float | None = None) -> bool:
+        """Whether the apiserver serves `kind` (its group version's discovery lists it): an
+        alpha API is there only when its feature gate and runtime config are on."""
+        base = f"/apis/{kind.group}/{kind.version}" if kind.group else f"/api/{kind.version}"
+        try:
+            found = await self.transport.call("GET", kind, base, request_timeout=request_timeout)
+        except NotFound:
+            return False
+        return any(r.get("name") == kind.plural for r in found.get("resources") or [])
 
     async def get(
         self,

@@ -16,9 +16,11 @@ __all__ = [
     "LEASES",
     "NAMESPACES",
     "NODES",
+    "PODGROUPS",
     "PODS",
     "SERVICES",
     "TOKENREVIEWS",
+    "WORKLOADS",
     "JsonDict",
     "ResourceKind",
 ]
@@ -75,3 +77,8 @@ CRDS = ResourceKind(
     "apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False
 )
 TOKENREVIEWS = ResourceKind("authentication.k8s.io", "v1", "tokenreviews", "TokenReview", False)
+# KEP-4671 gang scheduling, alpha in 1.36 (served with the GenericWorkload feature gate and the
+# runtime config scheduling.k8s.io/v1alpha2=true): a Workload holds PodGroup templates, a
+# PodGroup (made from one) is what pods name in `spec.schedulingGroup.podGroupName`.
+WORKLOADS = ResourceKind("scheduling.k8s.io", "v1alpha2", "workloads", "Workload")
+PODGROUPS = ResourceKind("scheduling.k8s.io", "v1alpha2", "podgroups", "PodGroup")

@@ -36,6 +36,10 @@ class PlanConfig:
     arrival_url: str | None = None
     """The controller's arrival endpoint as pods reach it (controller.arrivals); None: agents
     arrive by annotation only."""
+    pod_groups_served: bool | None = None
+    """The apiserver serves `scheduling.k8s.io/v1alpha2` PodGroups (KEP-4671), as discovered
+    when this replica started leading; None: not discovered, and plan leaves gang scheduling
+    alone (no condition, no PodGroup)."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,10 @@ class Plan:
     """The failures this pass acted on (a restart, a recreated worker, the job failed), each
     with its class, action and whether it counted: for `gangjob_restarts_total{class,action}`.
     A failure is acted on in one pass only; ignored failures are never listed."""
+    create_workload: dict[str, Any] | None = None
+    create_pod_group: dict[str, Any] | None = None
+    """Gang scheduling (controller.policy.scheduling): created, Workload first, before the
+    pods; either may exist already."""
 
 
 @dataclass
@@ -123,6 +131,8 @@ class Pass:
     avoid_nodes: list[str]
     create_service: dict[str, Any] | None = None
     create_pods: dict[int, dict[str, Any]] = field(default_factory=dict)
+    create_workload: dict[str, Any] | None = None
+    create_pod_group: dict[str, Any] | None = None
     delete_pods: dict[str, PodDelete] = field(default_factory=dict)
     events: list[EventSpec] = field(default_factory=list)
     delete_job: bool = False
@@ -225,6 +235,8 @@ class Pass:
             restart_started=self.restart_started,
             restart_finished=self.restart_finished,
             failures=self.acted,
+            create_workload=self.create_workload,
+            create_pod_group=self.create_pod_group,
         )
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final
 
-from controller.policy import failure, lifecycle, mode, recreate, restart, success
+from controller.policy import failure, lifecycle, mode, recreate, restart, scheduling, success
 from controller.policy.gang import arrived_by_barrier, sort_pods
 from controller.policy.passstate import EventSpec, Observed, Pass, Plan, PlanConfig, PodDelete
 
@@ -43,6 +43,7 @@ STEPS: Final[tuple[PlanStep, ...]] = (
     restart.restart,
     recreate.recreate_laggards,
     lifecycle.create,
+    scheduling.gang_scheduling,
     restart.barrier,
     lifecycle.running,
 )

@@ -231,6 +231,8 @@ class PodView:
     """The `gangjob.io/restart-mode` annotation: the mode the pod was built for."""
     condition_times: Mapping[str, datetime] = field(default_factory=dict)
     """Pod condition type -> its `lastTransitionTime` (the kubelet's clock, whole seconds)."""
+    pod_group: str | None = None
+    """`spec.schedulingGroup.podGroupName`: the PodGroup (KEP-4671) the pod is scheduled in."""
     restarted: bool = False
     """Not read from the pod: the controller's arrival book proved that the agent which reported
     `arrived_epoch` started after the pod's restart to it (controller.arrivals.book), so the
@@ -302,6 +304,7 @@ class PodView:
             requested_resources=_requested_extended_resources(spec),
             has_restart_rules=_has_restart_rules(spec),
             restart_mode=annotations.get(ANNOTATION_RESTART_MODE),
+            pod_group=_str_or_none(_mapping(spec.get("schedulingGroup")).get("podGroupName")),
         )
 
 

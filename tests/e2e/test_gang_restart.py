@@ -91,6 +91,12 @@ async def test_a_trainer_that_exits_once_restarts_the_gang_in_place(
     assert len(pods) == 3
     created = {p["metadata"]["name"]: p["metadata"]["creationTimestamp"] for p in pods}
     assert len(set(uids(pods).values())) == 3
+    # The gang was placed whole through its PodGroup (the node cluster runs with KEP-4671 gang
+    # scheduling), and the in-place restart kept every pod where it was.
+    for p in pods:
+        assert p["spec"]["schedulingGroup"] == {"podGroupName": "ddp-of-3"}, p["metadata"]["name"]
+    conds = {c["type"]: c for c in st["conditions"]}
+    assert conds["GangScheduling"]["status"] == "True"
     if mode == "Pod":
         # The whole pod restarted in place, every container of every worker: same pod (UID,
         # creation time), containers run again.

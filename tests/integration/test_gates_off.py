@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.k8s import GANGJOBS, JsonDict, Kube
+from controller.k8s import CORE_EVENTS, GANGJOBS, PODGROUPS, JsonDict, Kube
 from localcluster.cluster import Cluster, Options
 from localcluster.tools import ControllerProcess, controller_kubeconfig, install_crd, kubectl
 from tests.conftest import CLUSTER_PREFIX
@@ -69,6 +69,19 @@ async def test_dropped_restart_rules_fall_back_to_process_mode(
                 assert pod["metadata"]["annotations"]["gangjob.io/restart-mode"] == "Process"
                 trainer = pod["spec"]["containers"][0]
                 assert trainer["command"][:3] == ["python3", "/gangjob/agent.pyz", "wrap"]
+                # Nor does this cluster serve the PodGroup API (no --gang-scheduling): the gang
+                # runs as without it, which the condition and one Event say.
+                assert "schedulingGroup" not in pod["spec"]
+            assert not await kube.served(PODGROUPS)
+            job = await kube.get(GANGJOBS, "gated", "fallback")
+            cond = {c["type"]: c for c in job["status"]["conditions"]}["GangScheduling"]
+            assert (cond["status"], cond["reason"]) == ("False", "PodGroupAPINotServed")
+            events = (
+                await kube.list(
+                    CORE_EVENTS, "fallback", field_selector="reason=PodGroupAPINotServed"
+                )
+            ).items
+            assert [e["involvedObject"]["name"] for e in events] == ["gated"]
     finally:
         ctl.stop()
         print(ctl.logs()[-3000:])

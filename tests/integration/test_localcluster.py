@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from controller.k8s import NODES, PODS, JsonDict, Kube
+from controller.k8s import NODES, PODGROUPS, PODS, WORKLOADS, JsonDict, Kube
 from localcluster.cluster import Cluster, Options
 from tests.conftest import CLUSTER_PREFIX, SIM_OPTIONS
 from tests.waiting import wait_for
@@ -39,6 +39,12 @@ async def test_kwok_nodes_are_ready_declare_restart_all_and_have_gpus(sim_kube: 
         assert ready == "True", node["metadata"]["name"]
         assert "RestartAllContainersOnContainerExits" in status["declaredFeatures"]
         assert status["allocatable"]["nvidia.com/gpu"] == str(SIM_OPTIONS.gpus_per_node)
+
+
+async def test_gang_scheduling_api_is_served(sim_kube: Kube) -> None:
+    assert SIM_OPTIONS.gang_scheduling
+    assert await sim_kube.served(WORKLOADS)
+    assert await sim_kube.served(PODGROUPS)
 
 
 def test_up_again_only_prints_the_kubeconfig(sim_cluster: Cluster) -> None:

@@ -262,8 +262,13 @@ async def test_process_mode_restarts_the_process_not_the_pod(gang: Gang) -> None
     assert all(r >= 2 for r in runs.values()), runs
 
 
-async def test_node_lost_worker_is_force_deleted_and_recreated_alone(gang: Gang) -> None:
-    await gang.create("lost", 3, nodeLoss={"forceDeleteAfterSeconds": 2})
+@pytest.mark.parametrize("gang_scheduling", ["Auto", "Off"])
+async def test_node_lost_worker_is_force_deleted_and_recreated_alone(
+    gang: Gang, gang_scheduling: str
+) -> None:
+    await gang.create(
+        "lost", 3, nodeLoss={"forceDeleteAfterSeconds": 2}, scheduling={"gang": gang_scheduling}
+    )
     await gang.running_at("lost", 0, 3)
     await gang.agents_at(0, [f"lost-{r}" for r in range(3)])
     before = await gang.pods("lost")
@@ -286,7 +291,13 @@ async def test_node_lost_worker_is_force_deleted_and_recreated_alone(gang: Gang)
         assert after[n]["spec"]["nodeName"] != node
     for n in others:
         assert after[n]["metadata"]["uid"] == before[n]["metadata"]["uid"], "should stay in place"
+    # With gang scheduling the recreated worker joins the gang's PodGroup: the workers still
+    # bound count towards its quorum (minCount 3), so it is placed alone, at once.
+    group = {"podGroupName": "lost-of-3"} if gang_scheduling == "Auto" else None
+    for n, pod in after.items():
+        assert pod["spec"].get("schedulingGroup") == group, n
     last = job["status"]["lastRestart"]
+    print(f"node loss, gang scheduling {gang_scheduling}: {last['durationSeconds']} s")
     assert last["trigger"]["class"] == "NodeLost"
     assert sorted(last["recreated"]) == sorted(int(n.rsplit("-", 1)[1]) for n in lost_names)
     assert job["status"]["restarts"]["counted"] == 0  # infrastructure does not count

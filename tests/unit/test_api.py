@@ -20,6 +20,7 @@ from api.v1alpha1 import (
     GangJob,
     GangJobSpec,
     GangJobStatus,
+    GangSchedulingMode,
     Phase,
     RestartCounts,
     RestartMode,
@@ -97,6 +98,7 @@ SAMPLE: dict[str, Any] = {
             ]
         },
         "nodeLoss": {"forceDeleteAfterSeconds": 30, "forceDelete": False},
+        "scheduling": {"gang": "Off"},
         "successPolicy": "Rank0",
         "suspend": False,
         "ttlSecondsAfterFinished": 3600,
@@ -163,6 +165,7 @@ def test_constants_are_the_protocol_names() -> None:
         "Failed",
         "Suspended",
         "ModeDegraded",
+        "GangScheduling",
     ]
 
 
@@ -180,6 +183,7 @@ def test_spec_defaults() -> None:
     assert spec.ttl_seconds_after_finished is None
     assert spec.master_port == 29500
     assert spec.trainer_container is None
+    assert spec.scheduling.gang is GangSchedulingMode.AUTO
 
 
 def test_status_defaults_before_the_first_barrier() -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from localcluster import images
 from localcluster.cli import parser
-from localcluster.cluster import Cluster, Options, kwok_node
+from localcluster.cluster import Cluster, Options, kwok_node, scheduler_config
 from localcluster.handle import WELL_KNOWN_SLOTS, ClusterError, Ports
 from localcluster.versions import cache_root
 
@@ -60,6 +60,30 @@ def test_cli_parses_feature_gates_and_refuses_bad_ones(capsys: pytest.CaptureFix
     with pytest.raises(SystemExit):
         parser().parse_args(["up", "--feature-gates", "A=yes"])
     assert "A=yes" in capsys.readouterr().err
+
+
+def test_gang_scheduling_turns_on_its_gates_api_and_plugin(tmp_path: Path) -> None:
+    args = parser().parse_args(["up", "--gang-scheduling"])
+    assert args.gang_scheduling is True
+    opts = Options(gang_scheduling=True, feature_gates={"GangScheduling": False, "X": True})
+    # The user's gates win over those gang scheduling brings.
+    assert opts.control_plane_gates() == {
+        "GenericWorkload": True,
+        "GangScheduling": False,
+        "X": True,
+    }
+    assert Options().control_plane_gates() == {}
+    cluster = Cluster("gangunit")
+    assert "--runtime-config=scheduling.k8s.io/v1alpha2=true" in cluster._apiserver_cmd([], opts)
+    assert not any("runtime-config" in a for a in cluster._apiserver_cmd([], Options()))
+    config = scheduler_config(tmp_path / "s.kubeconfig", Options(scheduler_qps=100))
+    assert config["clientConnection"] == {
+        "kubeconfig": str(tmp_path / "s.kubeconfig"),
+        "qps": 100,
+        "burst": 200,
+    }
+    (profile,) = config["profiles"]
+    assert profile["plugins"]["multiPoint"]["enabled"] == [{"name": "GangScheduling"}]
 
 
 def test_cache_is_outside_the_repository(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -8,13 +8,14 @@ from typing import Any, cast
 
 import pytest
 
-from controller.k8s import GANGJOBS, NODES, PODS, SERVICES, NotFound
+from api.v1alpha1 import GangJob
+from controller.k8s import GANGJOBS, NODES, PODS, SERVICES, AlreadyExists, NotFound
 from controller.k8s.store import Store
 from controller.manager import Manager
-from controller.policy.plan import Plan, PodDelete
+from controller.policy.plan import Observed, Plan, PlanConfig, PodDelete, plan
 from controller.reconcile import Caches, Outcome, Reconciler
 from controller.runtime import metrics
-from tests.unit.builders import job_dict, make_job
+from tests.unit.builders import T0, job_dict, make_job
 
 
 class DeleteRecorder:
@@ -72,3 +73,58 @@ def test_the_controller_share_ends_when_the_status_write_returns_not_with_the_pa
     outcome = Outcome(status_written=True, epoch_bumped=True, status_written_at=since + 0.25)
     Manager._report_share("ml/llama", since, outcome)
     assert _share_sum("bump") - before == pytest.approx(0.25)
+
+
+class CreateRecorder:
+    """Records creates in order; `existing` objects answer AlreadyExists, then `get`."""
+
+    def __init__(self, existing: dict[str, dict[str, Any]] | None = None) -> None:
+        self.existing = existing or {}
+        self.created: list[tuple[str, str]] = []
+
+    async def create(self, kind: Any, obj: dict[str, Any], namespace: str | None = None) -> Any:
+        name = obj["metadata"].get("name", "")
+        if f"{kind.kind}/{name}" in self.existing:
+            raise AlreadyExists(409, "AlreadyExists", f"{kind.plural} {name!r} already exists")
+        self.created.append((kind.kind, name))
+        return obj
+
+    async def get(self, kind: Any, name: str, namespace: str | None = None) -> Any:
+        return self.existing[f"{kind.kind}/{name}"]
+
+    async def patch_status(self, *args: Any, **kw: Any) -> None:
+        """The pass's status write (the GangScheduling condition)."""
+
+
+def _gang_plan(job: GangJob) -> Plan:
+    observed = Observed(job=job, pods=[], nodes={}, service_exists=True, now=T0)
+    return plan(observed, PlanConfig(pod_groups_served=True))
+
+
+async def test_the_workload_then_the_pod_group_are_created_before_the_pods() -> None:
+    api = CreateRecorder()
+    caches = Caches(*(Store(cast(Any, api), k) for k in (GANGJOBS, PODS, NODES, SERVICES)))
+    job = make_job(replicas=2)
+    await Reconciler(cast(Any, api), caches).act(job, job_dict(2), _gang_plan(job))
+    order = [kind for kind, _ in api.created if kind in ("Workload", "PodGroup", "Pod")]
+    assert order == ["Workload", "PodGroup", "Pod", "Pod"]
+
+
+async def test_a_pod_group_left_by_a_namesake_holds_the_workers_back() -> None:
+    job = make_job(replicas=2)
+    theirs = {"metadata": {"ownerReferences": [{"uid": "another-job", "controller": True}]}}
+    ours = {"metadata": {"ownerReferences": [{"uid": job.metadata.uid, "controller": True}]}}
+
+    def caches_of(api: CreateRecorder) -> Caches:
+        return Caches(*(Store(cast(Any, api), k) for k in (GANGJOBS, PODS, NODES, SERVICES)))
+
+    api = CreateRecorder({"Workload/llama-of-2": ours, "PodGroup/llama-of-2": theirs})
+    with pytest.raises(
+        RuntimeError, match=r"PodGroup .*/llama-of-2 exists but is not this GangJob's"
+    ):
+        await Reconciler(cast(Any, api), caches_of(api)).act(job, job_dict(2), _gang_plan(job))
+    assert [k for k, _ in api.created if k == "Pod"] == []
+    # Found there already and ours (a pass that died half-way): the workers are created.
+    api = CreateRecorder({"Workload/llama-of-2": ours, "PodGroup/llama-of-2": ours})
+    await Reconciler(cast(Any, api), caches_of(api)).act(job, job_dict(2), _gang_plan(job))
+    assert [k for k, _ in api.created if k == "Pod"] == ["Pod", "Pod"]
