@@ -40,6 +40,14 @@ ANNOTATION_RESTART_MODE: Final = "gangjob.io/restart-mode"
 fallback deletes pods built for another mode, and tells `Pod`-mode pods whose restart rules the
 apiserver dropped from `Process`-mode pods that never had any."""
 
+# Annotations on a GangJob, written by its user.
+ANNOTATION_RESTART: Final = "gangjob.io/restart"
+"""`<E>`: restart the gang, which runs at epoch E, once (`gangjob restart` writes it). Naming
+the epoch makes the request idempotent: once the gang is past E it is satisfied, with nothing
+to clear."""
+MANUAL_RESTART_CLASS: Final = "ManualRestart"
+"""`trigger.class` of a restart asked for by `ANNOTATION_RESTART`."""
+
 HISTORY_LIMIT: Final = 10
 """`status.history` keeps the last this many restarts (the CRD rejects more)."""
 AVOID_NODES_LIMIT: Final = 64
