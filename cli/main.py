@@ -1,0 +1,374 @@
+"""`gangjob`: submit a GangJob, follow it, restart it, delete it, with your kubeconfig.
+
+    gangjob submit --image IMG --workers 2 --processes 2 -- torchrun train.py
+    gangjob status JOB
+    gangjob logs JOB --rank 1 -f
+    gangjob restart JOB
+    gangjob delete JOB
+
+Talks to the cluster through the project's API client (`controller.k8s`) and builds GangJobs
+with the one builder (`api.builders`), so a job it submits is one a user would write.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import secrets
+import string
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TextIO
+
+import yaml
+
+from api import builders
+from api.constants import ANNOTATION_RESTART, NPROC_AUTO
+from api.v1alpha1 import RestartMode, parse_gangjob
+from cli.render import status_lines
+from controller.k8s import GANGJOBS, PODS, ApiError, JsonDict, Kube, NotFound
+from controller.policy.podspec import pod_name
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+TERMINAL = ("Succeeded", "Failed")
+
+
+# --- the parser ---------------------------------------------------------------------------------
+
+
+def _processes(value: str) -> int | str:
+    if value == NPROC_AUTO:
+        return value
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1 or {NPROC_AUTO!r}")
+    return number
+
+
+def _env(value: str) -> tuple[str, str]:
+    name, sep, val = value.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError("must be NAME=VALUE")
+    return name, val
+
+
+def parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)"
+    )
+    common.add_argument("--context", help="kubeconfig context (default: the current one)")
+    common.add_argument(
+        "-n", "--namespace", help="namespace (default: the context's, else `default`)"
+    )
+
+    p = argparse.ArgumentParser(
+        prog="gangjob",
+        description="Run distributed training as a GangJob: a gang of worker pods that restarts "
+        "in place, together, when one fails. Uses your kubeconfig.",
+        epilog="`gangjob COMMAND --help` documents each command.",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    submit = sub.add_parser(
+        "submit",
+        parents=[common],
+        help="create a GangJob from flags or a file; prints its name",
+        description="Create a GangJob and print its name. Either from flags: the trainer image, "
+        "the number of workers (pods) and processes per worker, and the trainer's command after "
+        "`--` (each worker gets MASTER_ADDR, WORLD_SIZE, RANK and torchrun's PET_* variables: "
+        "`torchrun train.py` needs no flags); or from a manifest (`-f`).",
+        epilog="example: gangjob submit --image my/trainer:1 --workers 2 --processes 2 "
+        "--env EPOCHS=10 -- torchrun train.py",
+    )
+    submit.add_argument("-f", "--filename", type=Path, help="a GangJob manifest (YAML or JSON)")
+    submit.add_argument("--name", help="the job's name (default: `train-` and 5 random letters)")
+    submit.add_argument("--image", help="the trainer's container image")
+    submit.add_argument("--workers", type=int, help="the gang's size: pods, one per node")
+    submit.add_argument(
+        "--processes",
+        type=_processes,
+        help=f"processes per worker (spec.nprocPerNode): an integer, or {NPROC_AUTO!r} for the "
+        "worker's GPUs (default: 1)",
+    )
+    submit.add_argument(
+        "--gpus", type=int, default=0, help="nvidia.com/gpu each worker asks for (default: 0)"
+    )
+    submit.add_argument(
+        "--mode",
+        choices=[m.value for m in RestartMode],
+        help="restart mode (default: Pod, the pod restarts in place)",
+    )
+    submit.add_argument("--max-restarts", type=int, help="counted restarts before the job fails")
+    submit.add_argument(
+        "--env", type=_env, action="append", default=[], metavar="NAME=VALUE",
+        help="an environment variable of the trainer (repeatable)",
+    )  # fmt: skip
+    submit.add_argument("trainer_command", nargs="*", metavar="-- COMMAND", help="the trainer")
+
+    status = sub.add_parser(
+        "status",
+        parents=[common],
+        help="a job's phase, epoch, barrier, workers and restart history",
+        description="Print the job's phase, epoch, barrier epoch, workers ready/arrived/existing "
+        "and restart mode, then every restart of its history (the last 10, and the one in "
+        "progress) with its trigger, class, action and duration.",
+    )
+    status.add_argument("job", help="the GangJob's name")
+
+    logs = sub.add_parser(
+        "logs",
+        parents=[common],
+        help="the trainer's log of one rank, across in-place restarts",
+        description="Print the trainer container's log of the worker of rank R (pod JOB-R). With "
+        "-f, follow it: across in-place restarts of the gang (a Pod-mode restart starts a new "
+        "container, whose log follows the old one's), until the job ends.",
+    )
+    logs.add_argument("job", help="the GangJob's name")
+    logs.add_argument("--rank", type=int, default=0, help="the worker's rank (default: 0)")
+    logs.add_argument("-f", "--follow", action="store_true", help="follow until the job ends")
+
+    restart = sub.add_parser(
+        "restart",
+        parents=[common],
+        help="restart the whole gang in place, once",
+        description="Ask the controller for one gang restart: it annotates the GangJob with "
+        f"{ANNOTATION_RESTART}=<its current epoch>; the controller raises the epoch once, every "
+        "worker restarts in place and the history records a ManualRestart. Asking twice at the "
+        "same epoch restarts once.",
+    )
+    restart.add_argument("job", help="the GangJob's name")
+    restart.add_argument(
+        "--wait", action="store_true", help="wait until the gang has restarted (barrier open)"
+    )
+
+    delete = sub.add_parser(
+        "delete",
+        parents=[common],
+        help="delete a GangJob and its pods",
+        description="Delete the GangJob; its worker pods and Service go with it.",
+    )
+    delete.add_argument("job", help="the GangJob's name")
+    return p
+
+
+# --- the commands -------------------------------------------------------------------------------
+
+
+class UsageError(Exception):
+    """A command line that cannot be run; the message names the flag and the rule."""
+
+
+def context_namespace(kubeconfig: str | None, context: str | None) -> str:
+    """The namespace of the kubeconfig's context, as kubectl takes it; `default` without one."""
+    path = kubeconfig or (os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or None)
+    file = Path(path) if path else Path.home() / ".kube" / "config"
+    try:
+        config = yaml.safe_load(file.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return "default"
+    name = context or config.get("current-context")
+    for entry in config.get("contexts") or []:
+        if entry.get("name") == name:
+            return str((entry.get("context") or {}).get("namespace") or "default")
+    return "default"
+
+
+def random_name() -> str:
+    suffix = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(5))
+    return f"train-{suffix}"
+
+
+def manifest_from_args(args: argparse.Namespace, namespace: str) -> JsonDict:
+    """The GangJob of `submit`'s flags, by `api.builders.gangjob`; or the one of `-f`."""
+    if args.filename is not None:
+        flags = [f"--{f}" for f in ("image", "workers", "processes", "mode") if getattr(args, f)]
+        if args.trainer_command:
+            flags.append("COMMAND")
+        if flags:
+            raise UsageError(f"-f: the manifest gives the job; not with {', '.join(flags)}")
+        body: JsonDict = yaml.safe_load(args.filename.read_text())
+        body.setdefault("metadata", {}).setdefault("namespace", namespace)
+        if args.name:
+            body["metadata"]["name"] = args.name
+        return body
+    if not args.image:
+        raise UsageError("--image: required (or -f FILE)")
+    if not args.workers or args.workers < 1:
+        raise UsageError("--workers: required, an integer >= 1")
+    if not args.trainer_command:
+        raise UsageError("COMMAND: give the trainer's command after `--`")
+    container: JsonDict = {}
+    if args.env:
+        container["env"] = [{"name": k, "value": v} for k, v in args.env]
+    if args.gpus:
+        gpus = {"nvidia.com/gpu": str(args.gpus)}
+        container["resources"] = {"limits": gpus, "requests": dict(gpus)}
+    spec: JsonDict = {}
+    if args.processes is not None:
+        spec["nprocPerNode"] = args.processes
+    return builders.gangjob(
+        args.name or random_name(),
+        args.workers,
+        namespace=namespace,
+        image=args.image,
+        command=args.trainer_command,
+        container=container,
+        restart_mode=args.mode,
+        max_restarts=args.max_restarts,
+        spec=spec,
+    )
+
+
+async def submit(kube: Kube, args: argparse.Namespace, ns: str, out: TextIO) -> int:
+    body = manifest_from_args(args, ns)
+    created = await kube.create(GANGJOBS, body, body["metadata"].get("namespace", ns))
+    print(created["metadata"]["name"], file=out)
+    return 0
+
+
+async def status(kube: Kube, args: argparse.Namespace, ns: str, out: TextIO) -> int:
+    job = await kube.get(GANGJOBS, args.job, ns)
+    for line in status_lines(job):
+        print(line, file=out)
+    return 0
+
+
+async def restart(kube: Kube, args: argparse.Namespace, ns: str, out: TextIO) -> int:
+    job = await kube.get(GANGJOBS, args.job, ns)
+    st = job.get("status") or {}
+    if st.get("phase") in TERMINAL:
+        raise UsageError(f"{args.job}: the job has {st['phase'].lower()}; nothing to restart")
+    epoch = int(st.get("epoch") or 0)
+    patch = {"metadata": {"annotations": {ANNOTATION_RESTART: str(epoch)}}}
+    await kube.patch(GANGJOBS, args.job, patch, ns)
+    print(f"{args.job}: gang restart requested at epoch {epoch}", file=out)
+    if args.wait:
+        done = await _wait_job(
+            kube, ns, args.job,
+            lambda j: (j.get("status") or {}).get("barrierEpoch", -1) > epoch
+            or (j.get("status") or {}).get("phase") in TERMINAL,
+        )  # fmt: skip
+        print(f"{args.job}: running at epoch {done['status'].get('barrierEpoch')}", file=out)
+    return 0
+
+
+async def delete(kube: Kube, args: argparse.Namespace, ns: str, out: TextIO) -> int:
+    await kube.delete(GANGJOBS, args.job, ns, propagation_policy="Background")
+    print(f"{args.job}: deleted", file=out)
+    return 0
+
+
+async def _wait_job(kube: Kube, ns: str, name: str, done: Callable[[JsonDict], bool]) -> JsonDict:
+    while True:
+        job = await kube.get(GANGJOBS, name, ns)
+        if done(job):
+            return job
+        version = job["metadata"]["resourceVersion"]
+        async with contextlib.aclosing(
+            kube.watch(GANGJOBS, ns, field_selector=f"metadata.name={name}",
+                       resource_version=version, timeout_seconds=60)
+        ) as events:  # fmt: skip
+            async for event in events:
+                if event.type in ("ADDED", "MODIFIED") and done(event.object):
+                    return event.object
+                if event.type == "DELETED":
+                    raise UsageError(f"{name}: deleted")
+
+
+# --- logs ----------------------------------------------------------------------------------------
+
+
+def trainer_instance(pod: JsonDict, container: str) -> tuple[str | None, bool]:
+    """The trainer container's current instance (its containerID) and whether it runs."""
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") == container:
+            return status.get("containerID") or None, "running" in (status.get("state") or {})
+    return None, False
+
+
+async def logs(kube: Kube, args: argparse.Namespace, ns: str, out: TextIO) -> int:
+    job = await kube.get(GANGJOBS, args.job, ns)
+    container = parse_gangjob(job).spec.trainer_container_name
+    name = pod_name(args.job, args.rank)
+    printed: set[str] = set()
+    while True:
+        try:
+            pod = await kube.get(PODS, name, ns)
+        except NotFound:
+            if printed:
+                return 0  # the job ended and its pods went
+            raise
+        instance, running = trainer_instance(pod, container)
+        if instance is not None and instance not in printed:
+            printed.add(instance)
+            with contextlib.suppress(ApiError):  # it ended or was replaced meanwhile
+                async for line in kube.pod_log(name, ns, container, follow=args.follow):
+                    print(line, file=out, flush=True)
+            continue
+        if not args.follow:
+            return 0
+        if not running and await _finished(kube, ns, args.job):
+            return 0
+        await _next_instance(kube, ns, name, container, printed)
+
+
+async def _finished(kube: Kube, ns: str, job: str) -> bool:
+    try:
+        found = await kube.get(GANGJOBS, job, ns)
+    except NotFound:
+        return True
+    return (found.get("status") or {}).get("phase") in TERMINAL
+
+
+async def _next_instance(kube: Kube, ns: str, name: str, container: str, printed: set[str]) -> None:
+    """Waits until the pod shows a trainer instance not yet printed, is deleted, or a minute
+    passed (the caller looks again)."""
+    pod = await kube.get(PODS, name, ns)
+    async with contextlib.aclosing(
+        kube.watch(PODS, ns, field_selector=f"metadata.name={name}",
+                   resource_version=pod["metadata"]["resourceVersion"], timeout_seconds=60)
+    ) as events:  # fmt: skip
+        async for event in events:
+            if event.type == "DELETED":
+                return
+            instance, _ = trainer_instance(event.object, container)
+            if event.type == "MODIFIED" and instance is not None and instance not in printed:
+                return
+
+
+COMMANDS = {"submit": submit, "status": status, "logs": logs, "restart": restart, "delete": delete}
+
+
+async def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    ns = args.namespace or context_namespace(args.kubeconfig, args.context)
+    async with await Kube.from_kubeconfig(args.kubeconfig, context=args.context) as kube:
+        return await COMMANDS[args.command](kube, args, ns, out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return asyncio.run(run(args))
+    except UsageError as e:
+        print(f"gangjob {args.command}: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except NotFound as e:
+        print(f"gangjob {args.command}: not found: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    except (ApiError, OSError) as e:
+        print(f"gangjob {args.command}: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
