@@ -29,12 +29,14 @@ from api import builders
 from api.constants import ANNOTATION_RESTART, NPROC_AUTO
 from api.v1alpha1 import RestartMode, parse_gangjob
 from cli.render import status_lines
-from controller.k8s import GANGJOBS, PODS, ApiError, JsonDict, Kube, NotFound
+from controller.k8s import CONFIGMAPS, GANGJOBS, PODS, ApiError, JsonDict, Kube, NotFound
 from controller.policy.podspec import pod_name
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 TERMINAL = ("Succeeded", "Failed")
+PROGRAM_DIR = "/program"
+PROGRAM_VOLUME = "program"
 
 
 # --- the parser ---------------------------------------------------------------------------------
@@ -110,6 +112,12 @@ def parser() -> argparse.ArgumentParser:
     submit.add_argument(
         "--env", type=_env, action="append", default=[], metavar="NAME=VALUE",
         help="an environment variable of the trainer (repeatable)",
+    )  # fmt: skip
+    submit.add_argument(
+        "--program", type=Path, action="append", default=[], metavar="FILE",
+        help=f"a file of your program (repeatable, e.g. train.py): put into the ConfigMap "
+        f"<job>-program, which the job owns, and mounted at {PROGRAM_DIR}, the trainer's "
+        "working directory; so the image needs only the libraries",
     )  # fmt: skip
     submit.add_argument("trainer_command", nargs="*", metavar="-- COMMAND", help="the trainer")
 
@@ -211,12 +219,21 @@ def manifest_from_args(args: argparse.Namespace, namespace: str) -> JsonDict:
     if args.gpus:
         gpus = {"nvidia.com/gpu": str(args.gpus)}
         container["resources"] = {"limits": gpus, "requests": dict(gpus)}
+    name = args.name or random_name()
+    pod_spec: JsonDict = {}
+    if args.program:
+        container["workingDir"] = PROGRAM_DIR
+        mount = {"name": PROGRAM_VOLUME, "mountPath": PROGRAM_DIR, "readOnly": True}
+        container["volumeMounts"] = [mount]
+        volume = {"name": PROGRAM_VOLUME, "configMap": {"name": program_configmap(name)}}
+        pod_spec["volumes"] = [volume]
     spec: JsonDict = {}
     if args.processes is not None:
         spec["nprocPerNode"] = args.processes
     return builders.gangjob(
-        args.name or random_name(),
+        name,
         args.workers,
+        pod_spec=pod_spec,
         namespace=namespace,
         image=args.image,
         command=args.trainer_command,
@@ -227,10 +244,48 @@ def manifest_from_args(args: argparse.Namespace, namespace: str) -> JsonDict:
     )
 
 
+def program_configmap(job: str) -> str:
+    return f"{job}-program"
+
+
+def program_files(paths: Sequence[Path]) -> dict[str, str]:
+    """`--program` files by name; raises UsageError naming one that cannot be read or clashes."""
+    files: dict[str, str] = {}
+    for path in paths:
+        if path.name in files:
+            raise UsageError(f"--program {path}: a second file named {path.name}")
+        try:
+            files[path.name] = path.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise UsageError(f"--program {path}: cannot read it as text ({e})") from e
+    return files
+
+
 async def submit(kube: Kube, args: argparse.Namespace, ns: str, out: TextIO) -> int:
+    if args.program and args.filename is not None:
+        raise UsageError("--program: not with -f (the manifest gives the job's volumes)")
+    files = program_files(args.program)
     body = manifest_from_args(args, ns)
-    created = await kube.create(GANGJOBS, body, body["metadata"].get("namespace", ns))
-    print(created["metadata"]["name"], file=out)
+    job_ns = body["metadata"].get("namespace", ns)
+    created = await kube.create(GANGJOBS, body, job_ns)
+    name = created["metadata"]["name"]
+    if files:
+        # Owned by the job, so that deleting the job deletes it; the kubelet waits for it
+        # before it starts a worker, so creating it second is safe.
+        owner = {
+            "apiVersion": created["apiVersion"],
+            "kind": created["kind"],
+            "name": name,
+            "uid": created["metadata"]["uid"],
+        }
+        configmap = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": program_configmap(name), "ownerReferences": [owner]},
+            "data": files,
+        }
+        await kube.create(CONFIGMAPS, configmap, job_ns)
+    print(name, file=out)
     return 0
 
 

@@ -14,7 +14,7 @@ import yaml
 
 from api import builders
 from api.constants import ANNOTATION_RESTART
-from controller.k8s import GANGJOBS, Kube, NotFound
+from controller.k8s import CONFIGMAPS, GANGJOBS, Kube, NotFound
 from localcluster.cluster import SIMULATED_KUBELET_LABEL, Cluster
 from tests.integration import test_restart
 from tests.integration.harness import gang_pods
@@ -42,12 +42,15 @@ async def gangjob(kubeconfig: Path, *args: str) -> tuple[int, str, str]:
 
 
 async def test_submit_from_flags_makes_the_gangjob_the_builder_makes(
-    sim_kube: Kube, sim_cluster: Cluster, gang: Gang
+    sim_kube: Kube, sim_cluster: Cluster, gang: Gang, tmp_path: Path
 ) -> None:
+    program = tmp_path / "train.py"
+    program.write_text("print('hello')\n")
     code, out, err = await gangjob(
         sim_cluster.kubeconfig, "submit", "-n", gang.ns, "--image", "my/trainer:1",
         "--workers", "2", "--processes", "auto", "--gpus", "2", "--mode", "Process",
-        "--env", "EPOCHS=3", "--", "torchrun", "train.py", "--lr", "0.1",
+        "--env", "EPOCHS=3", "--program", str(program),
+        "--", "torchrun", "train.py", "--lr", "0.1",
     )  # fmt: skip
     assert code == 0, err
     name = out.strip()
@@ -57,8 +60,13 @@ async def test_submit_from_flags_makes_the_gangjob_the_builder_makes(
     expected = builders.gangjob(
         name, 2, namespace=gang.ns, image="my/trainer:1",
         command=["torchrun", "train.py", "--lr", "0.1"],
-        container={"env": [{"name": "EPOCHS", "value": "3"}],
-                   "resources": {"limits": gpus, "requests": gpus}},
+        container={
+            "env": [{"name": "EPOCHS", "value": "3"}],
+            "resources": {"limits": gpus, "requests": gpus},
+            "workingDir": "/program",
+            "volumeMounts": [{"name": "program", "mountPath": "/program", "readOnly": True}],
+        },
+        pod_spec={"volumes": [{"name": "program", "configMap": {"name": f"{name}-program"}}]},
         restart_mode="Process", spec={"nprocPerNode": "auto"},
     )  # fmt: skip
     # What the user would have written, with the apiserver's defaults filled in.
@@ -66,6 +74,11 @@ async def test_submit_from_flags_makes_the_gangjob_the_builder_makes(
     assert job["spec"]["nprocPerNode"] == "auto"
     assert job["spec"]["restart"]["mode"] == "Process"
     assert job["spec"]["replicas"] == 2
+    # The program, in a ConfigMap the job owns (deleted with it).
+    configmap = await sim_kube.get(CONFIGMAPS, f"{name}-program", gang.ns)
+    assert configmap["data"] == {"train.py": "print('hello')\n"}
+    (owner,) = configmap["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["uid"]) == ("GangJob", name, job["metadata"]["uid"])
 
 
 async def test_submit_refuses_what_it_cannot_run_naming_the_flag(
