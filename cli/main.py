@@ -37,6 +37,8 @@ EXIT_USAGE = 2
 TERMINAL = ("Succeeded", "Failed")
 PROGRAM_DIR = "/program"
 PROGRAM_VOLUME = "program"
+CHECKPOINTS_DIR = "/checkpoints"
+CHECKPOINTS_VOLUME = "checkpoints"
 
 
 # --- the parser ---------------------------------------------------------------------------------
@@ -119,6 +121,12 @@ def parser() -> argparse.ArgumentParser:
         f"<job>-program, which the job owns, and mounted at {PROGRAM_DIR}, the trainer's "
         "working directory; so the image needs only the libraries",
     )  # fmt: skip
+    submit.add_argument(
+        "--checkpoints", metavar="PATH|pvc:CLAIM",
+        help=f"a directory every worker shares, mounted at {CHECKPOINTS_DIR}: a host path (on a "
+        "one-node cluster such as the local one), or `pvc:CLAIM`, a ReadWriteMany "
+        "PersistentVolumeClaim",
+    )  # fmt: skip
     submit.add_argument("trainer_command", nargs="*", metavar="-- COMMAND", help="the trainer")
 
     status = sub.add_parser(
@@ -197,7 +205,8 @@ def random_name() -> str:
 def manifest_from_args(args: argparse.Namespace, namespace: str) -> JsonDict:
     """The GangJob of `submit`'s flags, by `api.builders.gangjob`; or the one of `-f`."""
     if args.filename is not None:
-        flags = [f"--{f}" for f in ("image", "workers", "processes", "mode") if getattr(args, f)]
+        given = ("image", "workers", "processes", "mode", "checkpoints")
+        flags = [f"--{f}" for f in given if getattr(args, f)]
         if args.trainer_command:
             flags.append("COMMAND")
         if flags:
@@ -227,6 +236,10 @@ def manifest_from_args(args: argparse.Namespace, namespace: str) -> JsonDict:
         container["volumeMounts"] = [mount]
         volume = {"name": PROGRAM_VOLUME, "configMap": {"name": program_configmap(name)}}
         pod_spec["volumes"] = [volume]
+    if args.checkpoints:
+        mount = {"name": CHECKPOINTS_VOLUME, "mountPath": CHECKPOINTS_DIR}
+        container["volumeMounts"] = [*container.get("volumeMounts", []), mount]
+        pod_spec["volumes"] = [*pod_spec.get("volumes", []), checkpoints_volume(args.checkpoints)]
     spec: JsonDict = {}
     if args.processes is not None:
         spec["nprocPerNode"] = args.processes
@@ -242,6 +255,19 @@ def manifest_from_args(args: argparse.Namespace, namespace: str) -> JsonDict:
         max_restarts=args.max_restarts,
         spec=spec,
     )
+
+
+def checkpoints_volume(where: str) -> JsonDict:
+    """`--checkpoints`: `pvc:CLAIM` or a host path."""
+    claim = where.removeprefix("pvc:")
+    if claim != where:
+        if not claim:
+            raise UsageError("--checkpoints pvc:CLAIM: the claim's name is missing")
+        return {"name": CHECKPOINTS_VOLUME, "persistentVolumeClaim": {"claimName": claim}}
+    if not where.startswith("/"):
+        raise UsageError(f"--checkpoints {where}: a host path is absolute (or pvc:CLAIM)")
+    host_path = {"path": where, "type": "DirectoryOrCreate"}
+    return {"name": CHECKPOINTS_VOLUME, "hostPath": host_path}
 
 
 def program_configmap(job: str) -> str:

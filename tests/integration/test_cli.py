@@ -49,7 +49,7 @@ async def test_submit_from_flags_makes_the_gangjob_the_builder_makes(
     code, out, err = await gangjob(
         sim_cluster.kubeconfig, "submit", "-n", gang.ns, "--image", "my/trainer:1",
         "--workers", "2", "--processes", "auto", "--gpus", "2", "--mode", "Process",
-        "--env", "EPOCHS=3", "--program", str(program),
+        "--env", "EPOCHS=3", "--program", str(program), "--checkpoints", "/var/tmp/ck",
         "--", "torchrun", "train.py", "--lr", "0.1",
     )  # fmt: skip
     assert code == 0, err
@@ -64,9 +64,18 @@ async def test_submit_from_flags_makes_the_gangjob_the_builder_makes(
             "env": [{"name": "EPOCHS", "value": "3"}],
             "resources": {"limits": gpus, "requests": gpus},
             "workingDir": "/program",
-            "volumeMounts": [{"name": "program", "mountPath": "/program", "readOnly": True}],
+            "volumeMounts": [
+                {"name": "program", "mountPath": "/program", "readOnly": True},
+                {"name": "checkpoints", "mountPath": "/checkpoints"},
+            ],
         },
-        pod_spec={"volumes": [{"name": "program", "configMap": {"name": f"{name}-program"}}]},
+        pod_spec={
+            "volumes": [
+                {"name": "program", "configMap": {"name": f"{name}-program"}},
+                {"name": "checkpoints",
+                 "hostPath": {"path": "/var/tmp/ck", "type": "DirectoryOrCreate"}},
+            ]
+        },
         restart_mode="Process", spec={"nprocPerNode": "auto"},
     )  # fmt: skip
     # What the user would have written, with the apiserver's defaults filled in.
@@ -93,6 +102,12 @@ async def test_submit_refuses_what_it_cannot_run_naming_the_flag(
     )  # fmt: skip
     assert code == 2
     assert "--processes" in err
+    code, _, err = await gangjob(
+        sim_cluster.kubeconfig, "submit", "-n", gang.ns, "--image", "i", "--workers", "1",
+        "--checkpoints", "relative/dir", "--", "x",
+    )  # fmt: skip
+    assert code == 2
+    assert "--checkpoints relative/dir" in err
     # The apiserver's own refusal reaches the user with the field it names.
     bad = builders.gangjob("bad", 1, image="i", command=["x"], spec={"nprocPerNode": "all"})
     manifest = tmp_path / "bad.yaml"
