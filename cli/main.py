@@ -441,6 +441,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         print(f"gangjob {args.command}: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:
+        # The reader went away (`gangjob logs ... | head`): nothing more to say, to anyone.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except NotFound as e:
         print(f"gangjob {args.command}: not found: {e}", file=sys.stderr)
         return EXIT_ERROR
