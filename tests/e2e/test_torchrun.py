@@ -19,9 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from controller.k8s import GANGJOBS, PODS, JsonDict, Kube
-from controller.k8s.kinds import ResourceKind
-from localcluster.chaos import _cmdline, _descendants, container_pid
+from controller.k8s import CONFIGMAPS, GANGJOBS, PODS, JsonDict, Kube
+from localcluster.chaos import cmdline, container_pid, descendants
 from localcluster.cluster import Cluster
 from localcluster.node import ensure_trainer_image
 from localcluster.tools import REPO, ControllerProcess
@@ -37,7 +36,6 @@ STEPS = 30
 EVERY = 5
 KILL_AFTER_STEP = 10
 TORCHRUN = "torch.distributed.run"
-CONFIGMAPS = ResourceKind("", "v1", "configmaps", "ConfigMap")
 
 
 @pytest.fixture(scope="module")
@@ -62,16 +60,16 @@ def sample_job(name: str, mode: str, checkpoints: Path, image: str) -> JsonDict:
 def process_tree(cluster: Cluster, pod: JsonDict) -> dict[str, dict[int, str]]:
     """The trainer container's torchrun and its local workers, by host PID with command line
     (in Process mode the container's first process is the agent, whose command names both)."""
-    procs = {p: _cmdline(p) for p in _descendants(container_pid(cluster, pod, "trainer"))}
+    procs = {p: cmdline(p) for p in descendants(container_pid(cluster, pod, "trainer"))}
     procs = {p: c for p, c in procs.items() if c and "agent.pyz" not in c}
     torchrun = {p: c for p, c in procs.items() if TORCHRUN in c}
     workers = {p: c for p, c in procs.items() if "train.py" in c and TORCHRUN not in c}
     return {"torchrun": torchrun, "workers": workers}
 
 
-def alive(pid: int, cmdline: str) -> bool:
+def alive(pid: int, command: str) -> bool:
     """The same process (a reused PID runs another command line)."""
-    return _cmdline(pid) == cmdline
+    return cmdline(pid) == command
 
 
 async def running_pods(kube: Kube, ns: str, name: str) -> list[JsonDict]:
