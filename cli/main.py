@@ -27,14 +27,13 @@ import yaml
 
 from api import builders
 from api.constants import ANNOTATION_RESTART, NPROC_AUTO
-from api.v1alpha1 import RestartMode, parse_gangjob
+from api.v1alpha1 import RestartMode
+from cli.logs import TERMINAL, logs
 from cli.render import status_lines
-from controller.k8s import CONFIGMAPS, GANGJOBS, PODS, ApiError, JsonDict, Kube, NotFound
-from controller.policy.podspec import pod_name
+from controller.k8s import CONFIGMAPS, GANGJOBS, ApiError, JsonDict, Kube, NotFound
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
-TERMINAL = ("Succeeded", "Failed")
 PROGRAM_DIR = "/program"
 PROGRAM_VOLUME = "program"
 CHECKPOINTS_DIR = "/checkpoints"
@@ -362,67 +361,6 @@ async def _wait_job(kube: Kube, ns: str, name: str, done: Callable[[JsonDict], b
                     return event.object
                 if event.type == "DELETED":
                     raise UsageError(f"{name}: deleted")
-
-
-# --- logs ----------------------------------------------------------------------------------------
-
-
-def trainer_instance(pod: JsonDict, container: str) -> tuple[str | None, bool]:
-    """The trainer container's current instance (its containerID) and whether it runs."""
-    for status in (pod.get("status") or {}).get("containerStatuses") or []:
-        if status.get("name") == container:
-            return status.get("containerID") or None, "running" in (status.get("state") or {})
-    return None, False
-
-
-async def logs(kube: Kube, args: argparse.Namespace, ns: str, out: TextIO) -> int:
-    job = await kube.get(GANGJOBS, args.job, ns)
-    container = parse_gangjob(job).spec.trainer_container_name
-    name = pod_name(args.job, args.rank)
-    printed: set[str] = set()
-    while True:
-        try:
-            pod = await kube.get(PODS, name, ns)
-        except NotFound:
-            if printed:
-                return 0  # the job ended and its pods went
-            raise
-        instance, running = trainer_instance(pod, container)
-        if instance is not None and instance not in printed:
-            printed.add(instance)
-            with contextlib.suppress(ApiError):  # it ended or was replaced meanwhile
-                async for line in kube.pod_log(name, ns, container, follow=args.follow):
-                    print(line, file=out, flush=True)
-            continue
-        if not args.follow:
-            return 0
-        if not running and await _finished(kube, ns, args.job):
-            return 0
-        await _next_instance(kube, ns, name, container, printed)
-
-
-async def _finished(kube: Kube, ns: str, job: str) -> bool:
-    try:
-        found = await kube.get(GANGJOBS, job, ns)
-    except NotFound:
-        return True
-    return (found.get("status") or {}).get("phase") in TERMINAL
-
-
-async def _next_instance(kube: Kube, ns: str, name: str, container: str, printed: set[str]) -> None:
-    """Waits until the pod shows a trainer instance not yet printed, is deleted, or a minute
-    passed (the caller looks again)."""
-    pod = await kube.get(PODS, name, ns)
-    async with contextlib.aclosing(
-        kube.watch(PODS, ns, field_selector=f"metadata.name={name}",
-                   resource_version=pod["metadata"]["resourceVersion"], timeout_seconds=60)
-    ) as events:  # fmt: skip
-        async for event in events:
-            if event.type == "DELETED":
-                return
-            instance, _ = trainer_instance(event.object, container)
-            if event.type == "MODIFIED" and instance is not None and instance not in printed:
-                return
 
 
 COMMANDS = {"submit": submit, "status": status, "logs": logs, "restart": restart, "delete": delete}
