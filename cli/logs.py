@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import sys
 from typing import TextIO
 
 from api.v1alpha1 import parse_gangjob
@@ -38,15 +39,44 @@ async def logs(kube: Kube, args: argparse.Namespace, ns: str, out: TextIO) -> in
         instance, running = trainer_instance(pod, container)
         if instance is not None and instance not in printed:
             printed.add(instance)
-            with contextlib.suppress(ApiError):  # it ended or was replaced meanwhile
-                async for line in kube.pod_log(name, ns, container, follow=args.follow):
-                    print(line, file=out, flush=True)
+            await print_instance(kube, name, ns, container, args.follow, out)
             continue
         if not args.follow:
             return 0
         if not running and await _finished(kube, ns, args.job):
             return 0
         await _next_instance(kube, ns, name, container, printed)
+
+
+async def print_instance(
+    kube: Kube, name: str, ns: str, container: str, follow: bool, out: TextIO
+) -> None:
+    """The log of the container's current instance. A kubelet that cannot go on following (the
+    container was removed by a restart, no inotify left) ends the stream with its error, a last
+    line without a newline: that goes to stderr, and what the instance logged is read once more
+    without following, from where the stream stopped."""
+    written, note = await _copy(kube, name, ns, container, follow, 0, out)
+    if note is None:
+        return
+    print(f"gangjob logs: the kubelet: {note}", file=sys.stderr, flush=True)
+    if follow:
+        await _copy(kube, name, ns, container, False, written, out)
+
+
+async def _copy(
+    kube: Kube, name: str, ns: str, container: str, follow: bool, skip: int, out: TextIO
+) -> tuple[int, str | None]:
+    """Writes the lines after the first `skip`; (lines seen, a last line without newline)."""
+    seen = 0
+    with contextlib.suppress(ApiError):  # it ended or was replaced meanwhile
+        async for line in kube.pod_log(name, ns, container, follow=follow):
+            if not line.endswith("\n"):
+                return seen, line
+            seen += 1
+            if seen > skip:
+                out.write(line)
+                out.flush()
+    return seen, None
 
 
 async def _finished(kube: Kube, ns: str, job: str) -> bool:

@@ -20,9 +20,10 @@ async def pod_log(
     follow: bool = False,
     idle_timeout: float = 3600.0,
 ) -> AsyncIterator[str]:
-    """The lines of the container's current instance, from its start; with `follow`, until it
-    ends (the apiserver closes the stream when the container terminates). Raises the typed
-    `ApiError` of a refusal, e.g. `Invalid`/`BadRequest` while the container is waiting."""
+    """The lines of the container's current instance, from its start, each with its newline (a
+    last one without is cut short: the kubelet ends a stream it cannot go on with its error
+    message); with `follow`, until it ends (the stream closes when the container terminates).
+    Raises the typed `ApiError` of a refusal, e.g. `BadRequest` while the container waits."""
     query = [("container", container)]
     if follow:
         query.append(("follow", "true"))
@@ -38,7 +39,7 @@ async def pod_log(
             raise error_from_response(resp.status, await resp.read(), resp.headers)
         try:
             async for raw in resp.content:
-                yield raw.decode(errors="replace").rstrip("\n")
+                yield raw.decode(errors="replace")
         except (aiohttp.ClientError, TimeoutError) as error:
             raise TransportError(f"GET {name}/log: {error!r}") from error
     finally:

@@ -17,11 +17,13 @@ from tests.integration.harness import watch_job
 pytestmark = pytest.mark.e2e
 
 GANGJOB = Path(sys.executable).with_name("gangjob")
-# Rank 1 fails once at epoch 0, after a while (so that its log is followed live), and every
-# rank prints its epoch, read from the file the agent writes when the barrier opens.
+# Rank 1 fails once at epoch 0, after a while (so that its log is followed live), while rank 0
+# still trains; every rank prints its epoch, read from the file the agent writes when the
+# barrier opens.
 SCRIPT = (
     'E=$(cat "$GANGJOB_DIR/epoch"); echo "rank $RANK starts at epoch $E"; '
-    'if [ "$E" = 0 ] && [ "$RANK" = 1 ]; then sleep 4; echo "rank 1 fails"; exit 1; fi; '
+    'if [ "$E" = 0 ]; then '
+    '[ "$RANK" = 1 ] && { sleep 4; echo "rank 1 fails"; exit 1; }; sleep 120; fi; '
     'sleep 2; echo "rank $RANK done at epoch $E"'
 )
 
@@ -47,7 +49,7 @@ async def test_logs_follow_one_rank_across_an_in_place_restart(
         timeout=180, what="finished",
     )  # fmt: skip
     assert job["status"]["phase"] == "Succeeded"
-    assert job["status"]["restarts"]["inPlace"] == 1
+    assert job["status"]["restarts"]["inPlace"] == 1, job["status"]
     # `logs -f` ends by itself once the job has ended.
     printed, err = await asyncio.wait_for(logs.communicate(), 120)
     assert logs.returncode == 0, err.decode()
