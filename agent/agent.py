@@ -26,12 +26,21 @@ from agent.arrival import AnnotationArrival, Arrival
 from agent.config import Config
 from agent.direct import DirectArrival, Streamer
 from agent.probe import ProbeServer
-from agent.protocol import Backoff, Barrier, JobState, arrived_epoch, barrier, target_epoch
+from agent.protocol import (
+    Backoff,
+    Barrier,
+    JobState,
+    arrived_epoch,
+    barrier,
+    rendezvous_id,
+    target_epoch,
+)
 from agent.trainer import Trainer, TrainerFactory, TrainerRun
 from agent.watch import JobWatcher
 from api.constants import (
     ENV_DIR,
     ENV_EPOCH,
+    ENV_PET_RDZV_ID,
     EPOCH_FILE,
     RESTART_EXIT_CODE,
     STATE_FILE,
@@ -316,6 +325,7 @@ class Agent:
         env = dict(self._env)
         env[ENV_EPOCH] = str(target)
         env[ENV_DIR] = str(self.config.dir)
+        env[ENV_PET_RDZV_ID] = rendezvous_id(self.config.job_name, target)
         trainer = self._new_trainer(self.command, env)
         self._trainer = trainer
         await trainer.start()

@@ -3,6 +3,8 @@
     python3 -m agent sidecar              # Pod mode: native sidecar, barrier probe
     python3 -m agent wrap -- CMD ARGS...  # Process mode: runs CMD, restarts it per epoch
     python3 agent.pyz sidecar             # the same from the zipapp
+    python3 agent.pyz launch -- CMD ...   # Pod/Recreate mode with spec.nprocPerNode: execs CMD
+                                          # with the epoch's GANGJOB_EPOCH and PET_RDZV_ID
 
 Reads its settings from the pod's environment (`Config.from_env`, the service account) and
 turns the agent's outcome into the process exit code.
@@ -16,11 +18,13 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from agent.agent import Agent, Mode
 from agent.apiclient import HttpClient
 from agent.config import Config, ConfigError
+from agent.protocol import rendezvous_id
 from agent.trainer import become_subreaper
 from api.constants import (
     DEFAULT_AGENT_PORT,
@@ -33,9 +37,11 @@ from api.constants import (
     ENV_EPOCH,
     ENV_GANGJOB_NAME,
     ENV_KILL_GRACE_SECONDS,
+    ENV_PET_RDZV_ID,
     ENV_POD_NAME,
     ENV_POD_NAMESPACE,
     ENV_POD_UID,
+    EPOCH_FILE,
     RESTART_EXIT_CODE,
 )
 
@@ -52,7 +58,9 @@ environment:
   {ENV_KILL_GRACE_SECONDS}   SIGTERM to SIGKILL of the trainer (wrap; default \
 {DEFAULT_KILL_GRACE_SECONDS:g})
   KUBERNETES_SERVICE_HOST/_PORT and the service account reach the apiserver.
-The trainer gets {ENV_EPOCH} (wrap). Exit codes: sidecar {RESTART_EXIT_CODE} = the gang moved to a
+The trainer gets {ENV_EPOCH} and {ENV_PET_RDZV_ID} (wrap, launch; launch reads the epoch from
+{ENV_DIR}/{EPOCH_FILE}, written when the barrier opened, and needs only {ENV_GANGJOB_NAME}).
+Exit codes: sidecar {RESTART_EXIT_CODE} = the gang moved to a
 new epoch (restart the pod); wrap = the trainer's code once done or failed for good.
 """
 
@@ -64,11 +72,29 @@ def parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = p.add_subparsers(dest="mode", required=True, metavar="{sidecar,wrap}")
+    sub = p.add_subparsers(dest="mode", required=True, metavar="{sidecar,wrap,launch}")
     sub.add_parser("sidecar", help="Pod mode: native sidecar serving the barrier probe")
     wrap = sub.add_parser("wrap", help="Process mode: run and restart the trainer command")
     wrap.add_argument("command", nargs=argparse.REMAINDER, help="-- the trainer's argv")
+    launch = sub.add_parser(
+        "launch", help="exec the trainer command with the epoch's rendezvous id (torchrun)"
+    )
+    launch.add_argument("command", nargs=argparse.REMAINDER, help="-- the trainer's argv")
     return p
+
+
+def launch_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The trainer's environment for `launch`: `env` with the epoch of `$GANGJOB_DIR/epoch` and
+    its rendezvous id. Raises ValueError naming what is missing."""
+    job = env.get(ENV_GANGJOB_NAME, "").strip()
+    if not job:
+        raise ValueError(f"{ENV_GANGJOB_NAME} is not set")
+    path = Path(env.get(ENV_DIR, "").strip() or DEFAULT_DIR) / EPOCH_FILE
+    try:
+        epoch = int(path.read_text().strip())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read the epoch from {path}: {e}") from e
+    return {**env, ENV_EPOCH: str(epoch), ENV_PET_RDZV_ID: rendezvous_id(job, epoch)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -76,9 +102,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     command: list[str] = list(getattr(args, "command", None) or [])
     if command and command[0] == "--":
         command = command[1:]
-    if args.mode == "wrap" and not command:
-        print("agent: error: wrap needs the trainer's command after --", file=sys.stderr)
+    if args.mode in ("wrap", "launch") and not command:
+        print(f"agent: error: {args.mode} needs the trainer's command after --", file=sys.stderr)
         return USAGE_EXIT_CODE
+    if args.mode == "launch":
+        try:
+            env = launch_env(os.environ)
+        except ValueError as e:
+            print(f"agent: error: launch: {e}", file=sys.stderr)
+            return USAGE_EXIT_CODE
+        # exec, not a child: the trainer stays the container's process, as without `launch`.
+        try:
+            os.execvpe(command[0], command, env)
+        except OSError as e:
+            print(f"agent: error: launch: {command[0]}: {e}", file=sys.stderr)
+            # As a shell reports a command it cannot run.
+            return 127 if isinstance(e, FileNotFoundError) else 126
     logging.basicConfig(level=logging.INFO, format="agent: %(message)s", stream=sys.stderr)
     try:
         config = Config.from_env()

@@ -15,6 +15,12 @@ from api.constants import ANNOTATION_EPOCH, ANNOTATION_EXIT
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
+def rendezvous_id(job_name: str, epoch: int) -> str:
+    """torchrun's rendezvous id (`PET_RDZV_ID`) for a run at `epoch`: its static rendezvous
+    prefixes every store key with it, so workers of different epochs never meet in one group."""
+    return f"{job_name}-epoch-{epoch}"
+
+
 @dataclass(frozen=True)
 class JobState:
     """What the agent reads of its GangJob: `status.epoch`, `status.barrierEpoch`, `phase`."""

@@ -40,6 +40,14 @@ ANNOTATION_RESTART_MODE: Final = "gangjob.io/restart-mode"
 fallback deletes pods built for another mode, and tells `Pod`-mode pods whose restart rules the
 apiserver dropped from `Process`-mode pods that never had any."""
 
+# Annotations on a GangJob, written by its user.
+ANNOTATION_RESTART: Final = "gangjob.io/restart"
+"""`<E>`: restart the gang, which runs at epoch E, once (`gangjob restart` writes it). Naming
+the epoch makes the request idempotent: once the gang is past E it is satisfied, with nothing
+to clear."""
+MANUAL_RESTART_CLASS: Final = "ManualRestart"
+"""`trigger.class` of a restart asked for by `ANNOTATION_RESTART`."""
+
 HISTORY_LIMIT: Final = 10
 """`status.history` keeps the last this many restarts (the CRD rejects more)."""
 AVOID_NODES_LIMIT: Final = 64
@@ -52,6 +60,25 @@ ENV_MASTER_PORT: Final = "MASTER_PORT"
 ENV_WORLD_SIZE: Final = "WORLD_SIZE"
 ENV_RANK: Final = "RANK"
 ENV_GANGJOB_NAME: Final = "GANGJOB_NAME"
+
+# What torchrun reads (`PET_<option>` is the default of its `--<option>`), in the trainer
+# container of every ranked worker: a pod is one torchrun node (docs/torchrun.md).
+ENV_PET_NNODES: Final = "PET_NNODES"
+ENV_PET_NODE_RANK: Final = "PET_NODE_RANK"
+ENV_PET_NPROC_PER_NODE: Final = "PET_NPROC_PER_NODE"
+ENV_PET_MASTER_ADDR: Final = "PET_MASTER_ADDR"
+ENV_PET_MASTER_PORT: Final = "PET_MASTER_PORT"
+ENV_PET_MAX_RESTARTS: Final = "PET_MAX_RESTARTS"
+"""0: the gang restart is GangJob's; torchrun restarting one node's workers alone would
+desynchronise the gang."""
+ENV_PET_RDZV_ID: Final = "PET_RDZV_ID"
+"""Set by the agent where it starts the trainer (never in the pod's spec, which an in-place
+restart keeps): `<job>-epoch-<E>`, the prefix of torchrun's rendezvous store keys, so a worker
+of an older epoch can never join a newer group."""
+NPROC_AUTO: Final = "auto"
+"""`spec.nprocPerNode: auto`: the trainer container's GPU limit (`GPU_RESOURCES`)."""
+GPU_RESOURCES: Final = ("nvidia.com/gpu", "amd.com/gpu")
+"""Extended resources counted as GPUs by `nprocPerNode: auto`, first found wins."""
 
 
 class ConditionType(StrEnum):
@@ -159,7 +186,8 @@ controller may have missed the moment (it was down); this report is the durable 
 AGENT_CONTAINER: Final = "gangjob-agent"
 """`Pod` and `Recreate` modes: the agent as a native sidecar (restartable init container)."""
 AGENT_INSTALL_CONTAINER: Final = "gangjob-agent-install"
-"""`Process` mode: the init container that copies the agent's zipapp into the shared volume."""
+"""`Process` mode, and the torchrun launch of the other modes: the init container that copies the
+agent's zipapp into the shared volume."""
 AGENT_PORT_NAME: Final = "gangjob-agent"
 AGENT_VOLUME: Final = "gangjob"
 """The emptyDir mounted at `DEFAULT_DIR`: the agent writes the `epoch` file there (and, in

@@ -98,6 +98,37 @@ def _columns() -> list[Mapping[str, Any]]:
     return [c for c in PRINTER_COLUMNS if isinstance(c, Mapping)]
 
 
+WORKER_ENVIRONMENT: Final = """
+## Worker environment
+
+The trainer container of the worker of rank `r` in a gang of `spec.replicas` = `N` pods gets
+(ahead of its own variables, so that they may refer to ours as `$(RANK)`):
+
+| variable | value | for |
+| --- | --- | --- |
+| `MASTER_ADDR` | `<job>-0.<job>`: rank 0 through the headless Service | programs without torchrun |
+| `MASTER_PORT` | `spec.masterPort` | programs without torchrun |
+| `WORLD_SIZE` | `N`: pods, not processes | programs without torchrun |
+| `RANK` | `r`: the pod's rank | programs without torchrun |
+| `GANGJOB_NAME`, `GANGJOB_DIR` | the job's name; `/gangjob` (its `epoch` file) | every trainer |
+| `PET_NNODES` | `N`: a pod is one torchrun node | torchrun |
+| `PET_NODE_RANK` | `r` | torchrun |
+| `PET_NPROC_PER_NODE` | `P` = `spec.nprocPerNode` (`auto`: the GPU limit; unset: 1) | torchrun |
+| `PET_MASTER_ADDR`, `PET_MASTER_PORT` | as `MASTER_ADDR`, `MASTER_PORT` | torchrun |
+| `PET_MAX_RESTARTS` | `0`: restarts are the gang's | torchrun |
+| `PET_RDZV_ID` | `<job>-epoch-<E>`, by the agent at each start at epoch `E` (below) | torchrun |
+| `GANGJOB_EPOCH` | `E`, set with `PET_RDZV_ID` | every trainer |
+
+`PET_RDZV_ID` and `GANGJOB_EPOCH` are set by the agent where it starts the trainer: in
+`Process` mode always, in the other modes when `spec.nprocPerNode` is set (the trainer's command
+then runs as `agent.pyz launch -- <command>`), since an in-place restart keeps the pod's
+environment. torchrun then gives each of its `P` processes, local rank `l`: `RANK = r * P + l`,
+`WORLD_SIZE = N * P`, `LOCAL_RANK = l`, `LOCAL_WORLD_SIZE = P`, `GROUP_RANK = r`. Its static
+rendezvous (the default backend) keys its store on rank 0 by `PET_RDZV_ID`, so workers of
+different epochs never meet. See [torchrun.md](torchrun.md).
+"""
+
+
 def render() -> str:
     schema = openapi_schema()
     out = [
@@ -111,6 +142,7 @@ def render() -> str:
     for top in ("spec", "status"):
         out.append(f"\n## {top}\n")
         _sections(top, props[top], out)
+    out.append(WORKER_ENVIRONMENT)
     return "".join(out)
 
 

@@ -9,7 +9,7 @@ by pydantic validators so that Python code sees the same errors as the apiserver
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Annotated, Any, Final, Self
+from typing import Annotated, Any, Final, Literal, Self
 
 from pydantic import (
     AfterValidator,
@@ -19,13 +19,14 @@ from pydantic import (
     Field,
     JsonValue,
     PlainSerializer,
+    StrictInt,
     WithJsonSchema,
     field_validator,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
 
-from api.constants import API_VERSION, AVOID_NODES_LIMIT, HISTORY_LIMIT, KIND
+from api.constants import API_VERSION, AVOID_NODES_LIMIT, HISTORY_LIMIT, KIND, NPROC_AUTO
 
 # --- wire types -----------------------------------------------------------------------------
 
@@ -448,6 +449,23 @@ _SPEC_RULES: Final[list[JsonValue]] = [
 ]
 
 
+NprocPerNode = Annotated[
+    Annotated[StrictInt, Field(ge=1)] | Literal["auto"],
+    WithJsonSchema(
+        {
+            "x-kubernetes-int-or-string": True,
+            "x-kubernetes-validations": [
+                {
+                    "rule": f"type(self) == int ? self >= 1 : self == '{NPROC_AUTO}'",
+                    "message": f"nprocPerNode must be an integer >= 1 or '{NPROC_AUTO}'",
+                }
+            ],
+        }
+    ),
+]
+"""`spec.nprocPerNode`: an int-or-string, as torchrun's `--nproc-per-node` takes it."""
+
+
 class GangJobSpec(_Model):
     """The desired state of a GangJob."""
 
@@ -503,6 +521,15 @@ class GangJobSpec(_Model):
         ge=1,
         le=65535,
         description="Port of the rendezvous on rank 0, given to workers as `MASTER_PORT`.",
+    )
+
+    nproc_per_node: NprocPerNode | None = Field(
+        default=None,
+        description="Processes torchrun starts in each worker pod (a pod is one torchrun node), "
+        "given to the trainer as `PET_NPROC_PER_NODE`: an integer, or `auto` for the trainer "
+        "container's GPU limit (`nvidia.com/gpu`, `amd.com/gpu`; 1 without one). Unset: 1. Set, "
+        "every mode runs the trainer's `command` through the agent, which gives it the "
+        "epoch's rendezvous id (`PET_RDZV_ID`): the command is then required.",
     )
 
     @field_validator("template")

@@ -36,7 +36,8 @@ def container_pid(cluster: ClusterHandle, pod: dict[str, Any], container: str) -
     raise ChaosError(f"{pod['metadata']['name']}/{container}: task {cid} not running")
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
+    """`pid` and every process below it (host PIDs), parents before children."""
     out, todo = [], [pid]
     while todo:
         p = todo.pop()
@@ -49,7 +50,8 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def _cmdline(pid: int) -> str:
+def cmdline(pid: int) -> str:
+    """The process's command line, its arguments joined by spaces; '' once it is gone."""
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
@@ -67,10 +69,10 @@ def kill_trainer(
     ``match`` and no descendant that does: the container's init in Pod mode, the agent's child
     in Process mode. Returns its host PID."""
     root = container_pid(cluster, pod, container)
-    matching = [pid for pid in _descendants(root) if match in _cmdline(pid)]
+    matching = [pid for pid in descendants(root) if match in cmdline(pid)]
     # The innermost match: in Process mode the agent's own command line names the trainer's.
     for pid in matching:
-        if not any(match in _cmdline(d) for d in _descendants(pid)[1:]):
+        if not any(match in cmdline(d) for d in descendants(pid)[1:]):
             os.kill(pid, sig)
             return pid
     raise ChaosError(f"{pod['metadata']['name']}/{container}: no process matching {match!r}")

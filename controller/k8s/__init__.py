@@ -19,6 +19,7 @@ from controller.k8s.errors import (
     error_from_response,
 )
 from controller.k8s.kinds import (
+    CONFIGMAPS,
     CORE_EVENTS,
     CRDS,
     GANGJOBS,
@@ -37,6 +38,7 @@ from controller.k8s.transport import RetryPolicy
 from controller.k8s.watch import ObjectList, WatchEvent, selector
 
 __all__ = [
+    "CONFIGMAPS",
     "CORE_EVENTS",
     "CRDS",
     "GANGJOBS",

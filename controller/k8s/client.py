@@ -1,14 +1,15 @@
 """`Kube`: the verbs the controller uses on any kind, over raw dicts.
 
 get/list/watch, create, replace (PUT, conditional on the body's resourceVersion), JSON merge
-patch of an object or its status, and delete with preconditions. Timeouts, retries and metrics
-are the transport's; list and watch are `controller.k8s.watch`'s.
+patch of an object or its status, delete with preconditions, and a container's log. Timeouts,
+retries and metrics are the transport's; list and watch are `controller.k8s.watch`'s, the log
+`controller.k8s.logs`'s.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from types import TracebackType
 from typing import Any, Self
 
@@ -16,6 +17,7 @@ from kubernetes_asyncio.client import ApiClient
 
 from controller.k8s.errors import NotFound
 from controller.k8s.kinds import JsonDict, ResourceKind
+from controller.k8s.logs import pod_log
 from controller.k8s.transforms import Transform
 from controller.k8s.transport import (
     RetryPolicy,
@@ -165,6 +167,12 @@ class Kube:
             inactivity_timeout=inactivity_timeout,
             max_failures=max_failures,
         )
+
+    def pod_log(
+        self, name: str, namespace: str, container: str, *, follow: bool = False
+    ) -> AsyncIterator[str]:
+        """The lines of a container's log (`controller.k8s.logs.pod_log`)."""
+        return pod_log(self.transport, name, namespace, container, follow=follow)
 
     # writing
 

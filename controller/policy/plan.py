@@ -20,7 +20,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final
 
-from controller.policy import failure, lifecycle, mode, recreate, restart, scheduling, success
+from controller.policy import (
+    failure,
+    lifecycle,
+    manual,
+    mode,
+    recreate,
+    restart,
+    scheduling,
+    success,
+)
 from controller.policy.gang import arrived_by_barrier, sort_pods
 from controller.policy.passstate import EventSpec, Observed, Pass, Plan, PlanConfig, PodDelete
 
@@ -41,6 +50,7 @@ STEPS: Final[tuple[PlanStep, ...]] = (
     failure.classify_failures,
     failure.fail_by_policy,
     restart.restart,
+    manual.manual_restart,
     recreate.recreate_laggards,
     lifecycle.create,
     scheduling.gang_scheduling,

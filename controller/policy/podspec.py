@@ -51,6 +51,7 @@ from api.constants import (
 )
 from api.v1alpha1 import GangJob, RestartMode
 from controller.policy.classify import retriable_exit_codes
+from controller.policy.torchrun import nproc_per_node, torchrun_env
 from controller.policy.views import parse_quantity
 
 RENDEZVOUS_PORT_NAME: Final = "rendezvous"
@@ -139,12 +140,15 @@ def worker_env(job: GangJob, rank: int) -> list[dict[str, Any]]:
     hands it to the training process instead.
     """
     name = job.metadata.name
+    _, trainer = _trainer(job.spec.template["spec"], job.spec.trainer_container_name)
+    nproc = nproc_per_node(job.spec.nproc_per_node, trainer)
     return [
         {"name": ENV_MASTER_ADDR, "value": master_addr(name)},
         {"name": ENV_MASTER_PORT, "value": str(job.spec.master_port)},
         {"name": ENV_WORLD_SIZE, "value": str(job.spec.replicas)},
         {"name": ENV_RANK, "value": str(rank)},
         {"name": ENV_GANGJOB_NAME, "value": name},
+        *torchrun_env(rank, job.spec.replicas, nproc, master_addr(name), job.spec.master_port),
     ]
 
 
@@ -353,6 +357,11 @@ def apply_restart_mode(
 
     trainer["env"] = _merge_env(trainer.get("env") or [], [{"name": ENV_DIR, "value": DEFAULT_DIR}])
     _add_mounts(trainer, [_dir_mount(read_only=True)])
+    if job.spec.nproc_per_node is not None:
+        _launch_through_agent(trainer, field, mode)
+        install = _agent_container(AGENT_INSTALL_CONTAINER, agent_image, spec, qos_guaranteed)
+        install["command"] = ["cp", AGENT_IMAGE_ZIPAPP, WRAPPED_ZIPAPP]
+        spec["initContainers"] = [*(spec.get("initContainers") or []), install]
     agent = _agent_container(AGENT_CONTAINER, agent_image, spec, qos_guaranteed)
     agent["args"] = ["sidecar"]
     agent["restartPolicy"] = "Always"
@@ -377,6 +386,27 @@ def apply_restart_mode(
             trainer["restartPolicyRules"] = [rule]
     spec["initContainers"] = [*(spec.get("initContainers") or []), agent]
     return pod
+
+
+def _launch_through_agent(trainer: dict[str, Any], field: str, mode: RestartMode) -> None:
+    """`spec.nprocPerNode` set, in `Pod` and `Recreate` modes: the trainer's command runs as
+    `agent.pyz launch -- <command> <args>`, which execs it with the epoch's rendezvous id (an
+    in-place restart keeps the pod's environment, so only the agent can give it)."""
+    command = trainer.get("command")
+    if not command:
+        raise TrainerCommandRequired(
+            f"{field}.command",
+            f"spec.nprocPerNode runs the trainer's command through the agent (restart mode "
+            f"{mode}), and the image's ENTRYPOINT is unknown to the controller: set `command`",
+        )
+    trainer["command"] = [
+        "python3",
+        WRAPPED_ZIPAPP,
+        "launch",
+        "--",
+        *command,
+        *(trainer.pop("args", None) or []),
+    ]
 
 
 def _trainer(spec: Mapping[str, Any], name: str) -> tuple[int, dict[str, Any]]:

@@ -53,6 +53,23 @@ def restart(p: Pass) -> bool:
 
 
 def _bump(p: Pass, restarting: list[Decision], counted: bool) -> None:
+    trigger = classify.lowest(restarting)
+    assert trigger is not None
+    detail = trigger.failure.detail
+    if len(restarting) > 1:
+        detail += f" ({len(restarting)} workers failed)"
+    cause = RestartTrigger(
+        worker=trigger.worker,
+        failure_class=trigger.failure_class,
+        detail=detail,
+        action=trigger.action,
+    )
+    bump(p, cause, restarting, counted)
+
+
+def bump(p: Pass, trigger: RestartTrigger, restarting: list[Decision], counted: bool) -> None:
+    """Raises the epoch by one for `trigger`: the restart record, the workers `restarting`
+    recreates deleted, the counts, the condition and the Event."""
     epoch = p.epoch + 1
     recreated = recreate.to_recreate(p, restarting)
     for rank in sorted(recreated):
@@ -60,19 +77,10 @@ def _bump(p: Pass, restarting: list[Decision], counted: bool) -> None:
         if pod is not None:
             p.delete(pod, REASON_WORKER_RECREATED)
     recreate.avoid_unhealthy_devices(p, restarting, recreated)
-    trigger = classify.lowest(restarting)
-    assert trigger is not None
-    detail = trigger.failure.detail
-    if len(restarting) > 1:
-        detail += f" ({len(restarting)} workers failed)"
+    detail = trigger.detail or ""
     record = RestartRecord(
         epoch=epoch,
-        trigger=RestartTrigger(
-            worker=trigger.worker,
-            failure_class=trigger.failure_class,
-            detail=detail,
-            action=trigger.action,
-        ),
+        trigger=trigger,
         detected_at=p.now,
         counted=counted or None,
         **recreate.recreated_fields(recreated, p.job.spec.replicas),

@@ -223,7 +223,9 @@ async def test_process_mode_restarts_the_trainer_in_place_and_reports_exits(
     sim_kube: Kube, namespace: str, fleet: Fleet
 ) -> None:
     await create_gang(sim_kube, namespace, 2)
-    sleeper = fleet.start(0, Mode.PROCESS, ["sh", "-c", "sleep 30"])
+    # Each run records torchrun's rendezvous id as the agent gave it.
+    ids = fleet.root / "rdzv-ids"
+    sleeper = fleet.start(0, Mode.PROCESS, ["sh", "-c", f'echo "$PET_RDZV_ID" >> {ids}; sleep 30'])
     # Fails with 3 at epoch 0, then trains at the next epoch.
     flaky = fleet.start(
         1, Mode.PROCESS, ["sh", "-c", '[ "$GANGJOB_EPOCH" = 0 ] && exit 3; sleep 30']
@@ -247,6 +249,8 @@ async def test_process_mode_restarts_the_trainer_in_place_and_reports_exits(
     await until([sleeper, flaky], at(Step.RUNNING, 1))
     assert sleeper.state.trainer_runs == 2
     assert flaky.state.trainer_runs == 2
+    # A new epoch, a new rendezvous: a run of epoch 0 could never join the group of epoch 1.
+    assert ids.read_text().split() == [f"{JOB}-epoch-0", f"{JOB}-epoch-1"]
 
     # Asked to stop (the pod is deleted): SIGTERM goes to each trainer, whose code is returned.
     sleeper.stop()

@@ -484,9 +484,11 @@ async def test_process_mode_reports_exits_and_restarts_at_the_new_epoch(
 ) -> None:
     fake = FakeApi(epoch=0)
     fake.add_pod("train-0")
-    # Fails at epoch 0, succeeds at 1; checks the epoch reaches it by env and by file.
+    # Fails at epoch 0, succeeds at 1; checks the epoch reaches it by env and by file, and
+    # torchrun's rendezvous id changes with it.
     script = (
         '[ "$GANGJOB_EPOCH" = "$(cat "$GANGJOB_DIR/epoch")" ] || exit 9; '
+        f'[ "$PET_RDZV_ID" = "{JOB}-epoch-$GANGJOB_EPOCH" ] || exit 8; '
         '[ "$GANGJOB_EPOCH" = 1 ] && exit 0; exit 3'
     )
     a = Agent(make_config(tmp_path), fake, mode=Mode.PROCESS, command=sh(script))

@@ -82,6 +82,12 @@ def test_worker_pod() -> None:
         {"name": "WORLD_SIZE", "value": "4"},
         {"name": "RANK", "value": "2"},
         {"name": "GANGJOB_NAME", "value": JOB_NAME},
+        {"name": "PET_NNODES", "value": "4"},
+        {"name": "PET_NODE_RANK", "value": "2"},
+        {"name": "PET_NPROC_PER_NODE", "value": "1"},
+        {"name": "PET_MASTER_ADDR", "value": "llama-0.llama"},
+        {"name": "PET_MASTER_PORT", "value": "29500"},
+        {"name": "PET_MAX_RESTARTS", "value": "0"},
         {"name": "LR", "value": "0.1"},
     ]
     assert env_of(pod, "logger") == []
@@ -465,6 +471,12 @@ def test_process_mode_wraps_the_trainer_command() -> None:
         "MASTER_PORT",
         "WORLD_SIZE",
         "RANK",
+        "PET_NNODES",
+        "PET_NODE_RANK",
+        "PET_NPROC_PER_NODE",
+        "PET_MASTER_ADDR",
+        "PET_MASTER_PORT",
+        "PET_MAX_RESTARTS",
         "LR",
     ]
     assert trainer["env"][:6] == AGENT_ENV

@@ -1,0 +1,103 @@
+"""`gangjob logs`: the trainer's log of one rank, followed across in-place restarts (a `Pod`-mode
+restart starts a new container, whose log follows the old one's) until the job ends."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from typing import TextIO
+
+from api.v1alpha1 import parse_gangjob
+from controller.k8s import GANGJOBS, PODS, ApiError, JsonDict, Kube, NotFound
+from controller.policy.podspec import pod_name
+
+TERMINAL = ("Succeeded", "Failed")
+"""The phases of a job that has ended."""
+
+
+def trainer_instance(pod: JsonDict, container: str) -> tuple[str | None, bool]:
+    """The trainer container's current instance (its containerID) and whether it runs."""
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") == container:
+            return status.get("containerID") or None, "running" in (status.get("state") or {})
+    return None, False
+
+
+async def logs(kube: Kube, args: argparse.Namespace, ns: str, out: TextIO) -> int:
+    job = await kube.get(GANGJOBS, args.job, ns)
+    container = parse_gangjob(job).spec.trainer_container_name
+    name = pod_name(args.job, args.rank)
+    printed: set[str] = set()
+    while True:
+        try:
+            pod = await kube.get(PODS, name, ns)
+        except NotFound:
+            if printed:
+                return 0  # the job ended and its pods went
+            raise
+        instance, running = trainer_instance(pod, container)
+        if instance is not None and instance not in printed:
+            printed.add(instance)
+            await print_instance(kube, name, ns, container, args.follow, out)
+            continue
+        if not args.follow:
+            return 0
+        if not running and await _finished(kube, ns, args.job):
+            return 0
+        await _next_instance(kube, ns, name, container, printed)
+
+
+async def print_instance(
+    kube: Kube, name: str, ns: str, container: str, follow: bool, out: TextIO
+) -> None:
+    """The log of the container's current instance. A kubelet that cannot go on following (the
+    container was removed by a restart, no inotify left) ends the stream with its error, a last
+    line without a newline: that goes to stderr, and what the instance logged is read once more
+    without following, from where the stream stopped."""
+    written, note = await _copy(kube, name, ns, container, follow, 0, out)
+    if note is None:
+        return
+    print(f"gangjob logs: the kubelet: {note}", file=sys.stderr, flush=True)
+    if follow:
+        await _copy(kube, name, ns, container, False, written, out)
+
+
+async def _copy(
+    kube: Kube, name: str, ns: str, container: str, follow: bool, skip: int, out: TextIO
+) -> tuple[int, str | None]:
+    """Writes the lines after the first `skip`; (lines seen, a last line without newline)."""
+    seen = 0
+    with contextlib.suppress(ApiError):  # it ended or was replaced meanwhile
+        async for line in kube.pod_log(name, ns, container, follow=follow):
+            if not line.endswith("\n"):
+                return seen, line
+            seen += 1
+            if seen > skip:
+                out.write(line)
+                out.flush()
+    return seen, None
+
+
+async def _finished(kube: Kube, ns: str, job: str) -> bool:
+    try:
+        found = await kube.get(GANGJOBS, job, ns)
+    except NotFound:
+        return True
+    return (found.get("status") or {}).get("phase") in TERMINAL
+
+
+async def _next_instance(kube: Kube, ns: str, name: str, container: str, printed: set[str]) -> None:
+    """Waits until the pod shows a trainer instance not yet printed, is deleted, or a minute
+    passed (the caller looks again)."""
+    pod = await kube.get(PODS, name, ns)
+    async with contextlib.aclosing(
+        kube.watch(PODS, ns, field_selector=f"metadata.name={name}",
+                   resource_version=pod["metadata"]["resourceVersion"], timeout_seconds=60)
+    ) as events:  # fmt: skip
+        async for event in events:
+            if event.type == "DELETED":
+                return
+            instance, _ = trainer_instance(event.object, container)
+            if event.type == "MODIFIED" and instance is not None and instance not in printed:
+                return

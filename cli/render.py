@@ -1,0 +1,88 @@
+"""What `gangjob status` prints of a GangJob: its state and its restart history as text tables.
+Pure: a GangJob dict in, lines out."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """Columns left-aligned to their widest cell, two spaces apart, as kubectl prints them."""
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    return [
+        "  ".join(str(cell).ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *rows]
+    ]
+
+
+def _get(obj: Any, *path: str) -> Any:
+    for key in path:
+        if not isinstance(obj, Mapping):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+def _text(value: Any) -> str:
+    return "-" if value is None or value == "" else str(value)
+
+
+def restart_rows(status: Mapping[str, Any]) -> list[list[str]]:
+    """One row per restart, oldest first: the history, then the restart in progress."""
+    records: list[Mapping[str, Any]] = list(status.get("history") or [])
+    last = status.get("lastRestart")
+    if last and not any(r.get("epoch") == last.get("epoch") for r in records):
+        records.append(last)
+    rows = []
+    for r in records:
+        trigger = r.get("trigger") or {}
+        worker = trigger.get("worker")
+        duration = r.get("durationSeconds")
+        rows.append(
+            [
+                _text(r.get("epoch")),
+                "gang" if worker is None else f"worker {worker}",
+                _text(trigger.get("class")),
+                _text(trigger.get("action")),
+                _text(r.get("detectedAt")),
+                "in progress" if duration is None else f"{duration:.2f}s",
+                _text(trigger.get("detail")),
+            ]
+        )
+    return rows
+
+
+def status_lines(job: Mapping[str, Any]) -> list[str]:
+    """The job's phase, epoch, barrier and workers, then its restarts with trigger, class and
+    duration."""
+    status: Mapping[str, Any] = job.get("status") or {}
+    workers = status.get("workers") or {}
+    restarts = status.get("restarts") or {}
+    replicas = _get(job, "spec", "replicas")
+    lines = table(
+        ["NAME", "PHASE", "EPOCH", "BARRIER", "READY", "ARRIVED", "WORKERS", "MODE"],
+        [
+            [
+                _text(_get(job, "metadata", "name")),
+                _text(status.get("phase") or "Pending"),
+                _text(status.get("epoch", 0)),
+                _text(status.get("barrierEpoch")),
+                f"{workers.get('ready', 0)}/{replicas}",
+                f"{workers.get('arrived', 0)}/{replicas}",
+                f"{workers.get('total', 0)}/{replicas}",
+                _text(status.get("mode") or _get(job, "spec", "restart", "mode")),
+            ]
+        ],
+    )
+    lines.append("")
+    lines.append(
+        f"Restarts: {restarts.get('total', 0)} ({restarts.get('inPlace', 0)} in place, "
+        f"{restarts.get('counted', 0)} counted, "
+        f"{restarts.get('recreatedWorkers', 0)} workers recreated)"
+    )
+    rows = restart_rows(status)
+    if rows:
+        header = ["EPOCH", "TRIGGER", "CLASS", "ACTION", "DETECTED", "DURATION", "DETAIL"]
+        lines += table(header, rows)
+    return lines
