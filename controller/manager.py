@@ -199,8 +199,18 @@ class Manager:
         epoch = status.get("epoch")
         if not isinstance(epoch, int) or status.get("barrierEpoch") == epoch:
             return False
-        replicas = spec.get("replicas")
-        return isinstance(replicas, int) and self.arrivals.waiting(key, epoch) >= replicas
+        # The workers the barrier waits for: the running roles' (status.roles), or for a status
+        # written before roles, the shorthand's `replicas`.
+        roles = [r for r in status.get("roles") or () if isinstance(r, dict)]
+        if roles:
+            expected = sum(
+                r["replicas"]
+                for r in roles
+                if r.get("state") == "Running" and isinstance(r.get("replicas"), int)
+            )
+        else:
+            expected = spec.get("replicas")
+        return isinstance(expected, int) and self.arrivals.waiting(key, epoch) >= expected
 
     def _enqueue_arrival(self, key: str) -> None:
         # An arrival (annotation or direct report) is one of N during a restart and no failure:

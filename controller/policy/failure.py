@@ -22,16 +22,21 @@ from controller.policy.passstate import EventSpec, Pass, worker_text
 
 
 def classify_failures(p: Pass) -> bool:
-    """Every worker's failure at `status.epoch`, classified. A worker below the epoch is
-    restarting because of the protocol: its exits and restarts are no failure, so that one
-    failure makes one bump however many workers then report it."""
-    ctx = classify.Context.of(
+    """Every running role's workers' failures at `status.epoch`, classified. A worker below the
+    epoch is restarting because of the protocol: its exits and restarts are no failure, so that
+    one failure makes one bump however many workers then report it. A completed role's workers
+    are done, and a waiting role's have no pods yet."""
+    base = classify.Context.of(
         p.job, p.effective_mode, p.epoch, p.barrier_epoch, p.barrier_opened_at
     )
-    for rank in range(p.job.spec.replicas):
+    for rank in p.active():
+        # Each role's own trainer container is the one whose exit is the worker's.
+        ctx = dataclasses.replace(base, trainer=p.job.spec.role_of(rank).trainer_container_name)
         pod = p.gang.workers.get(rank)
         if pod is None:
-            failure = classify.missing(ctx, rank)
+            # A role that joined the running gang creates its pods as it goes: one missing is
+            # created again, as before the first barrier.
+            failure = None if p.started_late(rank) else classify.missing(ctx, rank)
         elif not at_epoch(pod, p.epoch):
             continue
         else:

@@ -19,6 +19,8 @@ from api.v1alpha1 import (
     RestartCounts,
     RestartMode,
     RestartRecord,
+    RoleState,
+    RoleStatus,
     WorkersStatus,
 )
 from controller.policy import podspec
@@ -101,6 +103,14 @@ class Plan:
     A failure is acted on in one pass only; ignored failures are never listed."""
 
 
+@dataclass(frozen=True)
+class RoleProgress:
+    """Where a role stands in this pass (`status.roles[].state`, `startedLateAt`)."""
+
+    state: RoleState
+    started_late_at: int | None = None
+
+
 @dataclass
 class Pass:
     """One planning pass: the observation, and the plan being gathered."""
@@ -134,6 +144,10 @@ class Pass:
     acted: list[Decision] = field(default_factory=list)
     restart_started: RestartRecord | None = None
     restart_finished: RestartRecord | None = None
+    roles: dict[str, RoleProgress] = field(default_factory=dict)
+    """Role name -> its state; read from `status.roles`, advanced by `roles.advance`."""
+    role_statuses: list[RoleStatus] = field(default_factory=list)
+    """`status.roles` as this pass leaves it (`roles.statuses`, at the end of `plan`)."""
 
     @property
     def job(self) -> GangJob:
@@ -181,6 +195,23 @@ class Pass:
     def is_finished(self) -> bool:
         return self.phase in (Phase.SUCCEEDED, Phase.FAILED)
 
+    def active(self) -> list[int]:
+        """The workers the gang's protocol spans in this pass: those of the running roles (not
+        of a role still waiting, nor of one that completed)."""
+        return [
+            w.worker
+            for w in self.job.spec.workers
+            if self.roles.get(w.role.name, RoleProgress(RoleState.WAITING)).state
+            is RoleState.RUNNING
+        ]
+
+    def started_late(self, worker: int) -> bool:
+        """The worker's role started behind the open barrier of `epoch`: a pod of it that is
+        missing is created again, not a failure of the gang."""
+        role = self.job.spec.workers[worker].role.name
+        progress = self.roles.get(role)
+        return progress is not None and progress.started_late_at == self.epoch
+
     def staying(self) -> dict[int, PodView]:
         """The live workers that this plan does not delete."""
         return {r: pod for r, pod in self.gang.live.items() if pod.name not in self.delete_pods}
@@ -202,6 +233,9 @@ class Pass:
             barrier_epoch=self.barrier_epoch,
             barrier_opened_at=self.barrier_opened_at,
             workers=self.workers_status(),
+            roles=self.role_statuses or None,
+            roles_ready=", ".join(f"{r.name} {r.ready}/{r.replicas}" for r in self.role_statuses)
+            or None,
             restarts=self.restarts,
             last_restart=self.last_restart,
             history=self.history[-HISTORY_LIMIT:],
@@ -232,7 +266,9 @@ def worker_text(p: Pass, rank: int | None) -> str:
     """A worker as messages name it: its rank and pod (None: the whole gang)."""
     if rank is None:
         return "the gang"
-    return f"worker {rank} (pod {podspec.pod_name(p.job.metadata.name, rank)})"
+    if not 0 <= rank < len(p.job.spec.workers):
+        return f"worker {rank}"
+    return f"worker {rank} (pod {podspec.worker_pod_name(p.job, rank)})"
 
 
 def job_for_pods(p: Pass, mode: RestartMode) -> GangJob:
