@@ -1091,8 +1091,8 @@ class GangJobStatus(_Model):
     roles_ready: str | None = Field(
         default=None,
         max_length=512,
-        description="`<role> <ready>/<replicas>` for each role, e.g. `launcher 1/1, worker "
-        "4/4` (the `Roles` printer column).",
+        description="Each role's `<ready>/<replicas>` while it runs, else its state, e.g. "
+        "`init Complete, worker 4/4, launcher Waiting` (the `Roles` printer column).",
     )
     restarts: RestartCounts = Field(
         default_factory=RestartCounts, description="Counts of the gang's restarts."

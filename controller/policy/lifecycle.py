@@ -28,6 +28,7 @@ from controller.policy.gang import POD_RUNNING, POD_TERMINAL
 from controller.policy.passstate import EventSpec, Pass, RoleProgress, job_for_pods
 
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
+_WAITING: Final = RoleProgress(RoleState.WAITING)
 
 
 def delete_strays(p: Pass) -> bool:
@@ -172,7 +173,7 @@ def running(p: Pass) -> bool:
     expected = [
         w.worker
         for w in p.job.spec.workers
-        if p.roles.get(w.role.name) != RoleProgress(RoleState.COMPLETE)
+        if p.roles.get(w.role.name, _WAITING).state is not RoleState.COMPLETE
     ]
     replicas = len(expected)
     # Counted as they will be once this plan is carried out, as `workers_status` does.

@@ -234,8 +234,7 @@ class Pass:
             barrier_opened_at=self.barrier_opened_at,
             workers=self.workers_status(),
             roles=self.role_statuses or None,
-            roles_ready=", ".join(f"{r.name} {r.ready}/{r.replicas}" for r in self.role_statuses)
-            or None,
+            roles_ready=roles_summary(self.role_statuses),
             restarts=self.restarts,
             last_restart=self.last_restart,
             history=self.history[-HISTORY_LIMIT:],
@@ -260,6 +259,18 @@ class Pass:
             restart_finished=self.restart_finished,
             failures=self.acted,
         )
+
+
+def roles_summary(roles: Sequence[RoleStatus]) -> str | None:
+    """`status.rolesReady`, the `Roles` printer column: `<role> <ready>/<replicas>` for a
+    running role, `<role> Waiting` or `<role> Complete` for the others."""
+    parts = [
+        f"{r.name} {r.ready}/{r.replicas}"
+        if r.state is RoleState.RUNNING
+        else f"{r.name} {r.state}"
+        for r in roles
+    ]
+    return ", ".join(parts) or None
 
 
 def worker_text(p: Pass, rank: int | None) -> str:
