@@ -214,12 +214,6 @@ PRINTER_COLUMNS: Final = [
         "description": "Workers whose pod is Ready.",
     },
     {
-        "name": "Roles",
-        "type": "string",
-        "jsonPath": ".status.rolesReady",
-        "description": "Ready workers of each role.",
-    },
-    {
         "name": "Epoch",
         "type": "integer",
         "jsonPath": ".status.epoch",
@@ -236,6 +230,15 @@ PRINTER_COLUMNS: Final = [
         "type": "integer",
         "jsonPath": ".spec.replicas",
         "description": "Gang size, for a job of one role written with replicas.",
+        "priority": 1,
+    },
+    {
+        # In the wide view, as Replicas: the default view of a one-role job stays as it was,
+        # and Ready counts every role's workers.
+        "name": "Roles",
+        "type": "string",
+        "jsonPath": ".status.rolesReady",
+        "description": "Each running role's ready workers, or the role's state.",
         "priority": 1,
     },
     {

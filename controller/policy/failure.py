@@ -29,9 +29,13 @@ def classify_failures(p: Pass) -> bool:
     base = classify.Context.of(
         p.job, p.effective_mode, p.epoch, p.barrier_epoch, p.barrier_opened_at
     )
+    # Each role's own trainer container is the one whose exit is the worker's.
+    contexts = {
+        role.name: dataclasses.replace(base, trainer=role.trainer_container_name)
+        for role in p.job.spec.effective_roles
+    }
     for rank in p.active():
-        # Each role's own trainer container is the one whose exit is the worker's.
-        ctx = dataclasses.replace(base, trainer=p.job.spec.role_of(rank).trainer_container_name)
+        ctx = contexts[p.job.spec.workers[rank].role.name]
         pod = p.gang.workers.get(rank)
         if pod is None:
             # A role that joined the running gang creates its pods as it goes: one missing is

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from api.builders import gangjob, role
-from controller.k8s import GANGJOBS, PODS, Invalid, JsonDict, Kube
+from controller.k8s import CORE_EVENTS, GANGJOBS, PODS, Invalid, JsonDict, Kube
 from localcluster.cluster import SIMULATED_KUBELET_LABEL
 from tests.integration.harness import install_crd, watch_job
 from tests.integration.test_restart import (  # noqa: F401 (fixtures)
@@ -142,6 +142,11 @@ async def test_ready_dependency_names_env_and_one_restart_across_roles(gang: Gan
     }
     job = await gang.kube.get(GANGJOBS, "mpi", gang.ns)
     assert job["status"]["epoch"] == 1
+    # One restart, one barrier opening, for both roles.
+    events = (await gang.kube.list(CORE_EVENTS, gang.ns)).items
+    reasons = [e["reason"] for e in events if e["involvedObject"]["name"] == "mpi"]
+    assert reasons.count("GangRestarting") == 1
+    assert reasons.count("GangRestarted") == 1
 
 
 async def test_complete_dependency_runs_once_and_is_not_rerun_by_a_restart(gang: Gang) -> None:
