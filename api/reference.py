@@ -167,7 +167,9 @@ Let the roles be `R_0 .. R_(n-1)` in the order of `spec.roles`, `ranked(R)` whet
 - A role's pods are created once every role in its `dependsOn` has reached the status named:
   `Ready` (every pod of that role Running and Ready, or the role Complete) or `Complete` (every
   worker of that role succeeded). A role that has started is never held back again.
-  `status.roles[].state` says `Waiting`, `Running` or `Complete`.
+  `status.roles[]` says each role's state (`Waiting`, `Running`, `Complete`) and counts (ready,
+  arrived, succeeded, failed); `kubectl describe gj <job>` shows them under `Status: Roles`,
+  and `kubectl get gj -o wide` sums them up in the `Roles` column (`status.rolesReady`).
 - A gang restart raises `status.epoch` once and brings every *running* role's workers back in
   place at the new epoch; one barrier waits for all of them. A `Complete` role is not run again.
   A role started behind an already open barrier (it waited for another to be `Ready`) joins the
