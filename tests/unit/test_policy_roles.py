@@ -358,3 +358,20 @@ def test_status_counts_per_role_and_the_printer_summary() -> None:
     assert counts == {"worker": (2, 1, 1), "eval": (1, 1, 1)}
     assert result.status.roles_ready == "worker 1/2, eval 1/1"
     assert isinstance(result.status, GangJobStatus)
+
+
+def test_the_last_arrival_waits_for_the_running_roles_only() -> None:
+    # What the manager's fast path counts before it queues the pass that opens the barrier.
+    from controller.manager import barrier_waits_for
+
+    status = {
+        "roles": [
+            {"name": "init", "state": "Complete", "replicas": 1},
+            {"name": "worker", "state": "Running", "replicas": 4},
+            {"name": "launcher", "state": "Running", "replicas": 1},
+            {"name": "eval", "state": "Waiting", "replicas": 2},
+        ]
+    }
+    assert barrier_waits_for({}, status) == 5
+    assert barrier_waits_for({"replicas": 3}, {}) == 3
+    assert barrier_waits_for({}, {}) is None
