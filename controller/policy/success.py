@@ -14,14 +14,13 @@ from api.constants import (
     ConditionType,
 )
 from api.v1alpha1 import (
-    FailureAction,
     GangJob,
     Phase,
     RoleState,
     SuccessOperator,
     SuccessPolicy,
 )
-from controller.policy import lifecycle
+from controller.policy import failure, lifecycle
 from controller.policy.gang import POD_SUCCEEDED, at_epoch
 from controller.policy.passstate import EventSpec, Pass
 from controller.policy.views import PodView
@@ -30,7 +29,7 @@ from controller.policy.views import PodView
 def complete(p: Pass) -> bool:
     """The job succeeds per its success policy; then it is finished and handled as such (the
     pods of the roles still running are stopped)."""
-    ignored = {d.worker for d in p.decisions if d.action is FailureAction.IGNORE}
+    ignored = failure.ignored_workers(p)
     complete_roles = {name for name, r in p.roles.items() if r.state is RoleState.COMPLETE}
     outcome = job_succeeded(p.job, p.gang.live, ignored, complete_roles)
     if outcome is None:

@@ -375,3 +375,18 @@ def test_the_last_arrival_waits_for_the_running_roles_only() -> None:
     assert barrier_waits_for({}, status) == 5
     assert barrier_waits_for({"replicas": 3}, {}) == 3
     assert barrier_waits_for({}, {}) is None
+
+
+def test_the_old_pods_of_recreated_workers_are_deleted_before_failures_are_judged() -> None:
+    # `complete` needs the ignored failures before `classify_failures` runs; the steps stay in
+    # their order (delete_recreated first), so a pod this restart recreates, still shown not
+    # terminating and arrived at the new epoch, is no second failure.
+    from tests.unit.builders import make_job, make_pod
+
+    job = make_job(replicas=2)
+    world = observe(job, [make_pod(0, phase="Failed"), make_pod(1, phase="Failed", epoch=1)])
+    first = plan(world)
+    assert first.status.epoch == 1
+    again = plan(carry_out(world, first, deletions=False))
+    assert again.status.epoch == 1
+    assert again.events == []
