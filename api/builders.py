@@ -16,9 +16,33 @@ TRAINER = "trainer"
 """The name of the container built from `image` and `command`."""
 
 
-def gangjob(
+def role(
     name: str,
     replicas: int,
+    template: Mapping[str, Any],
+    *,
+    ranked: bool | None = None,
+    depends_on: Sequence[tuple[str, str]] = (),
+    trainer_container: str | None = None,
+) -> dict[str, Any]:
+    """A role of `spec.roles`: `depends_on` as (role, `Ready` | `Complete`) pairs."""
+    body: dict[str, Any] = {
+        "name": name,
+        "replicas": replicas,
+        "template": copy.deepcopy(dict(template)),
+    }
+    if ranked is not None:
+        body["ranked"] = ranked
+    if depends_on:
+        body["dependsOn"] = [{"role": r, "status": s} for r, s in depends_on]
+    if trainer_container is not None:
+        body["trainerContainer"] = trainer_container
+    return body
+
+
+def gangjob(
+    name: str,
+    replicas: int | None,
     *,
     namespace: str | None = None,
     labels: Mapping[str, str] | None = None,
@@ -34,7 +58,8 @@ def gangjob(
     failure_rules: Sequence[Mapping[str, Any]] | None = None,
     spec: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A GangJob of `replicas` workers.
+    """A GangJob of `replicas` workers; with `replicas` None, no `replicas` nor `template`
+    (give `roles` in `spec`).
 
     The worker's pod template is `template` (copied) if given, else one with `containers`, or
     else with the single container `trainer` of `image` and `command`, plus the fields of
@@ -63,7 +88,7 @@ def gangjob(
         pod.setdefault("metadata", {}).setdefault("labels", {}).update(pod_labels)
     pod_body.update(copy.deepcopy(dict(pod_spec or {})))
 
-    body: dict[str, Any] = {"replicas": replicas, "template": pod}
+    body: dict[str, Any] = {} if replicas is None else {"replicas": replicas, "template": pod}
     restart: dict[str, Any] = {}
     if restart_mode is not None:
         restart["mode"] = str(restart_mode)

@@ -24,6 +24,8 @@ CRD_NAME: Final = f"{PLURAL}.{GROUP}"
 # Labels on every worker pod (and the selector of the headless Service).
 LABEL_NAME: Final = "gangjob.io/name"
 LABEL_RANK: Final = "gangjob.io/rank"
+LABEL_ROLE: Final = "gangjob.io/role"
+LABEL_ROLE_INDEX: Final = "gangjob.io/role-index"
 
 # Annotations on a worker pod, written by the agent on its own pod only.
 ANNOTATION_EPOCH: Final = "gangjob.io/epoch"
@@ -60,6 +62,9 @@ ENV_MASTER_PORT: Final = "MASTER_PORT"
 ENV_WORLD_SIZE: Final = "WORLD_SIZE"
 ENV_RANK: Final = "RANK"
 ENV_GANGJOB_NAME: Final = "GANGJOB_NAME"
+ENV_ROLE: Final = "GANGJOB_ROLE"
+ENV_ROLE_INDEX: Final = "GANGJOB_ROLE_INDEX"
+ENV_ROLE_REPLICAS: Final = "GANGJOB_ROLE_REPLICAS"
 
 # What torchrun reads (`PET_<option>` is the default of its `--<option>`), in the trainer
 # container of every ranked worker: a pod is one torchrun node (docs/torchrun.md).
@@ -101,6 +106,7 @@ REASON_WORKERS_NOT_READY: Final = "WorkersNotReady"
 REASON_WORKERS_CREATED: Final = "WorkersCreated"
 REASON_ALL_SUCCEEDED: Final = "AllWorkersSucceeded"
 REASON_RANK0_SUCCEEDED: Final = "Rank0Succeeded"
+REASON_ANY_SUCCEEDED: Final = "AnyWorkerSucceeded"
 REASON_SUSPENDED: Final = "Suspended"
 REASON_RESUMED: Final = "Resumed"
 REASON_SUCCEEDED: Final = "Succeeded"
@@ -123,6 +129,9 @@ REASON_GANG_NOT_SERVED: Final = "PodGroupAPINotServed"
 REASON_GANG_UNLINKED: Final = "WorkersOutsidePodGroup"
 """GangScheduling False: live workers were created without a PodGroup; the gang keeps that
 until it is created whole again (a PodGroup's quorum would never count them)."""
+REASON_GANG_ORDERED: Final = "RolesStartInOrder"
+"""GangScheduling False: a role waits for another (`dependsOn`), so the gang is never whole at
+once for a PodGroup's quorum."""
 REASON_WORKER_RECREATED: Final = "WorkerRecreated"
 REASON_FORCE_DELETED: Final = "ForceDeleted"
 REASON_NODES_LACK_FEATURE: Final = "NodesLackRestartAllContainers"

@@ -177,17 +177,25 @@ def _ordered(node: dict[str, Any]) -> dict[str, Any]:
 
 # --- the CRD --------------------------------------------------------------------------------
 
-# Worker pods are named `<name>-<rank>` and are the hostnames under the headless Service
-# `<name>`: the name must be a DNS-1035 label, and short enough to take the highest rank.
+# Worker pods are named `<name>-<rank>` (`<name>-<role>-<index>` with roles), the hostnames
+# under the headless Service `<name>`: the name must be a DNS-1035 label, and short enough to
+# take the longest pod name.
 _NAME_PATTERN: Final = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 _DNS_LABEL_MAX: Final = 63
 
 _ROOT_RULES: Final = [
     {
-        "rule": "self.metadata.name.size() + 1 + string(self.spec.replicas - 1).size() <= "
-        f"{_DNS_LABEL_MAX}",
+        "rule": "!has(self.spec.replicas) || self.metadata.name.size() + 1 + "
+        f"string(self.spec.replicas - 1).size() <= {_DNS_LABEL_MAX}",
         "message": "metadata.name is too long for spec.replicas: the worker pod names "
         f"<metadata.name>-<rank> must fit in {_DNS_LABEL_MAX} characters",
+        "fieldPath": ".metadata.name",
+    },
+    {
+        "rule": "!has(self.spec.roles) || self.spec.roles.all(r, self.metadata.name.size() + "
+        f"r.name.size() + 2 + string(r.replicas - 1).size() <= {_DNS_LABEL_MAX})",
+        "message": "metadata.name is too long for spec.roles: the worker pod names "
+        f"<metadata.name>-<role>-<index> must fit in {_DNS_LABEL_MAX} characters",
         "fieldPath": ".metadata.name",
     },
 ]
@@ -221,7 +229,16 @@ PRINTER_COLUMNS: Final = [
         "name": "Replicas",
         "type": "integer",
         "jsonPath": ".spec.replicas",
-        "description": "Gang size.",
+        "description": "Gang size, for a job of one role written with replicas.",
+        "priority": 1,
+    },
+    {
+        # In the wide view, as Replicas: the default view of a one-role job stays as it was,
+        # and Ready counts every role's workers.
+        "name": "Roles",
+        "type": "string",
+        "jsonPath": ".status.rolesReady",
+        "description": "Each running role's ready workers, or the role's state.",
         "priority": 1,
     },
     {

@@ -11,8 +11,25 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from api.constants import GROUP, KIND, SHORT_NAME, VERSION
+from api.constants import (
+    ENV_MASTER_ADDR,
+    ENV_MASTER_PORT,
+    ENV_RANK,
+    ENV_ROLE,
+    ENV_ROLE_INDEX,
+    ENV_ROLE_REPLICAS,
+    ENV_WORLD_SIZE,
+    GROUP,
+    KIND,
+    LABEL_NAME,
+    LABEL_RANK,
+    LABEL_ROLE,
+    LABEL_ROLE_INDEX,
+    SHORT_NAME,
+    VERSION,
+)
 from api.crd import PRINTER_COLUMNS, openapi_schema
+from api.v1alpha1 import IMMUTABLE_FIELDS, SHORTHAND_ROLE
 
 DEFAULT_OUT: Final = Path(__file__).resolve().parent.parent / "docs" / "api.md"
 HEADER: Final = (
@@ -101,19 +118,21 @@ def _columns() -> list[Mapping[str, Any]]:
 WORKER_ENVIRONMENT: Final = """
 ## Worker environment
 
-The trainer container of the worker of rank `r` in a gang of `spec.replicas` = `N` pods gets
-(ahead of its own variables, so that they may refer to ours as `$(RANK)`):
+The trainer container of a worker of a ranked role, of global rank `r` (see Roles) in a gang
+whose ranked roles have `N` = `WORLD_SIZE` workers in all, gets (ahead of its own variables, so
+that they may refer to ours as `$(RANK)`); a worker of an unranked role gets the same without
+`RANK` and the `PET_*` variables:
 
 | variable | value | for |
 | --- | --- | --- |
-| `MASTER_ADDR` | `<job>-0.<job>`: rank 0 through the headless Service | programs without torchrun |
+| `MASTER_ADDR` | the coordinator's `<pod>.<job>` (default rank 0) | programs without torchrun |
 | `MASTER_PORT` | `spec.masterPort` | programs without torchrun |
 | `WORLD_SIZE` | `N`: pods, not processes | programs without torchrun |
 | `RANK` | `r`: the pod's rank | programs without torchrun |
 | `GANGJOB_NAME`, `GANGJOB_DIR` | the job's name; `/gangjob` (its `epoch` file) | every trainer |
 | `PET_NNODES` | `N`: a pod is one torchrun node | torchrun |
 | `PET_NODE_RANK` | `r` | torchrun |
-| `PET_NPROC_PER_NODE` | `P` = `spec.nprocPerNode` (`auto`: the GPU limit; unset: 1) | torchrun |
+| `PET_NPROC_PER_NODE` | `P` = `spec.nprocPerNode` (`auto`: the GPU limit; else 1) | torchrun |
 | `PET_MASTER_ADDR`, `PET_MASTER_PORT` | as `MASTER_ADDR`, `MASTER_PORT` | torchrun |
 | `PET_MAX_RESTARTS` | `0`: restarts are the gang's | torchrun |
 | `PET_RDZV_ID` | `<job>-epoch-<E>`, by the agent at each start at epoch `E` (below) | torchrun |
@@ -129,6 +148,122 @@ different epochs never meet. See [torchrun.md](torchrun.md).
 """
 
 
+_ROLES_GUIDE: Final = f"""
+## Roles
+
+A GangJob is a gang of *roles*, each a group of identical workers made from one pod template:
+e.g. a `launcher` beside its `worker`s, or an `init` role that prepares a checkpoint directory
+before the `trainer`s start. A job of one role is written as before, with `replicas` +
+`template` (+ `trainerContainer`): it is the role `{SHORTHAND_ROLE}`, and its pods keep the
+names `<job>-<index>`. Either `roles` or `replicas` + `template`, never both.
+
+```yaml
+apiVersion: {GROUP}/{VERSION}
+kind: {KIND}
+metadata:
+  name: ddp
+spec:
+  roles:
+  - name: init                     # prepares /ckpt, then exits 0
+    replicas: 1
+    ranked: false
+    template: {{spec: {{containers: [{{name: trainer, image: busybox, command: [...]}}]}}}}
+  - name: worker
+    replicas: 4
+    dependsOn: [{{role: init, status: Complete}}]
+    template: {{spec: {{containers: [{{name: trainer, image: trainer:1}}]}}}}
+  - name: launcher                 # drives the workers once they are all Ready
+    replicas: 1
+    ranked: false
+    dependsOn: [{{role: worker, status: Ready}}]
+    template: {{spec: {{containers: [{{name: trainer, image: launcher:1}}]}}}}
+  coordinator: {{role: worker, index: 0}}    # MASTER_ADDR; the default is rank 0
+  success: {{operator: Any, roles: [launcher]}}
+  failurePolicy:
+    rules:
+    - action: Ignore
+      roles: [launcher]
+      onExitCodes: {{operator: In, values: [3]}}
+```
+
+### Ranks, names and environment
+
+Let the roles be `R_0 .. R_(n-1)` in the order of `spec.roles`, `ranked(R)` whether `R.ranked`
+(default true), and `R.replicas` its size.
+
+| what | value |
+| --- | --- |
+{{rows}}
+
+### Start order, restarts and success
+
+- A role's pods are created once every role in its `dependsOn` has reached the status named:
+  `Ready` (every pod of that role Running and Ready, or the role Complete) or `Complete` (every
+  worker of that role succeeded). A role that has started is never held back again.
+  `status.roles[]` says each role's state (`Waiting`, `Running`, `Complete`) and counts (ready,
+  arrived, succeeded, failed); `kubectl describe gj <job>` shows them under `Status: Roles`,
+  and `kubectl get gj -o wide` sums them up in the `Roles` column (`status.rolesReady`).
+- A gang restart raises `status.epoch` once and brings every *running* role's workers back in
+  place at the new epoch; one barrier waits for all of them. A `Complete` role is not run again.
+  A role started behind an already open barrier (it waited for another to be `Ready`) joins the
+  gang at that epoch: until the next restart, a pod of it that is gone is created again rather
+  than restarting the gang.
+- `failurePolicy.rules[].roles` restricts a rule to failures of those roles' workers (the
+  first rule that applies and matches wins). `Ignore` tolerates the failure: nothing restarts,
+  and under `All` the worker counts as done.
+- `success`: `All` succeeds when every worker of the named roles (default: all roles) has
+  succeeded or had its failure ignored; `Any` when one worker of them has succeeded. Without
+  it, `successPolicy` (`All`, `Rank0`) decides. On success the pods still running are stopped.
+
+### What cannot change
+
+Once a GangJob exists, the apiserver refuses (CEL transition rules, the message naming the
+field) any change of {", ".join(f"`spec.{name}`" for name in IMMUTABLE_FIELDS)}: pods already
+running would disagree with new ones about `{ENV_WORLD_SIZE}`, `{ENV_RANK}` or `{ENV_MASTER_ADDR}`.
+Everything else may change: e.g. `suspend`, `restart` (the budget `maxRestarts`, `backoffSeconds`,
+`barrierTimeoutSeconds`, `mode`), `failurePolicy`, `successPolicy`, `success`, `nodeLoss`,
+`ttlSecondsAfterFinished`.
+"""
+
+
+_NAMES_ROWS: Final = [
+    (f"`{ENV_WORLD_SIZE}`", "the sum of `R.replicas` over the ranked roles; every worker gets it"),
+    (
+        f"`{ENV_RANK}` of worker `i` of a ranked role `R_k`",
+        "`i` + the sum of `R_j.replicas` over the ranked `R_j`, `j < k`; stable across "
+        f"restarts; workers of an unranked role get no `{ENV_RANK}`",
+    ),
+    (
+        f"`{LABEL_RANK}` (the worker's number in the gang)",
+        f"its `{ENV_RANK}` in a ranked role; the unranked roles' workers are numbered on from "
+        f"`{ENV_WORLD_SIZE}`, in role order then index",
+    ),
+    (
+        "pod name and hostname",
+        "`<job>-<role>-<index>` (`<job>-<index>` for the one-role shorthand)",
+    ),
+    (
+        "DNS name",
+        "`<pod>.<job>` (under the headless Service `<job>`; in full "
+        "`<pod>.<job>.<namespace>.svc.<cluster-domain>`)",
+    ),
+    (
+        f"`{ENV_MASTER_ADDR}`",
+        "the DNS name of `spec.coordinator` (`role`, `index`; a ranked role), by default rank 0's",
+    ),
+    (f"`{ENV_MASTER_PORT}`", "`spec.masterPort`"),
+    (
+        f"`{ENV_ROLE}`, `{ENV_ROLE_INDEX}`, `{ENV_ROLE_REPLICAS}`",
+        "the role's name, the worker's index in it (from 0), the role's `replicas`",
+    ),
+    (
+        "labels",
+        f"`{LABEL_NAME}: <job>`, `{LABEL_ROLE}: <role>`, `{LABEL_ROLE_INDEX}: <index>`, "
+        f"`{LABEL_RANK}` as above; e.g. `kubectl get pods -l {LABEL_ROLE}=worker`",
+    ),
+]
+
+
 def render() -> str:
     schema = openapi_schema()
     out = [
@@ -137,6 +272,9 @@ def render() -> str:
         _cell(schema.get("description", "")) + "\n\n",
         f"Short name `{SHORT_NAME}`. `kubectl get {SHORT_NAME}` prints: ",
         ", ".join(str(column["name"]) for column in _columns()) + ".\n",
+        _ROLES_GUIDE.replace(
+            "{rows}", "\n".join(f"| {what} | {value} |" for what, value in _NAMES_ROWS)
+        ),
     ]
     props = schema["properties"]
     for top in ("spec", "status"):

@@ -7,8 +7,10 @@ by pydantic validators so that Python code sees the same errors as the apiserver
 """
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
+from functools import cached_property
 from typing import Annotated, Any, Final, Literal, Self
 
 from pydantic import (
@@ -122,6 +124,28 @@ class SuccessPolicy(StrEnum):
     RANK0 = "Rank0"
 
 
+class SuccessOperator(StrEnum):
+    """How `spec.success` combines the workers of the roles it names."""
+
+    ALL = "All"
+    ANY = "Any"
+
+
+class DependencyStatus(StrEnum):
+    """What a role waits for of a role it depends on."""
+
+    READY = "Ready"
+    COMPLETE = "Complete"
+
+
+class RoleState(StrEnum):
+    """Where a role stands: its pods not created yet, running, or every worker succeeded."""
+
+    WAITING = "Waiting"
+    RUNNING = "Running"
+    COMPLETE = "Complete"
+
+
 class Phase(StrEnum):
     """The phase of a GangJob."""
 
@@ -142,6 +166,13 @@ _CONTAINER_NAME_MAX: Final = 63
 _CONTAINERS_MAX: Final = 100
 _RULES_MAX: Final = 20
 _MATCHERS_MAX: Final = 20
+_ROLES_MAX: Final = 8
+_DEPENDENCIES_MAX: Final = 8
+# A role's name is part of its pods' names, `<job>-<role>-<index>`, which are DNS labels.
+_ROLE_NAME_MAX: Final = 20
+_ROLE_NAME_PATTERN: Final = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+SHORTHAND_ROLE: Final = "worker"
+"""The name of the one role a GangJob written with `replicas` + `template` has."""
 
 _POD_TEMPLATE_SCHEMA: Final[dict[str, Any]] = {
     "type": "object",
@@ -369,6 +400,14 @@ class FailurePolicyRule(_Model):
         description="Whether a restart by this rule counts against `spec.restart.maxRestarts`. "
         "Unset: infrastructure failures (node, device, preemption) do not count, others do.",
     )
+    roles: list[Annotated[str, Field(max_length=_ROLE_NAME_MAX)]] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=_ROLES_MAX,
+        description="Names of `spec.roles` whose workers' failures this rule matches. Unset: "
+        "every role's.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
 
     @model_validator(mode="after")
     def _exactly_one_matcher(self) -> Self:
@@ -430,21 +469,218 @@ class SchedulingSpec(_Model):
     )
 
 
+class RoleDependency(_Model):
+    """A role another role waits for before its pods are created."""
+
+    role: str = Field(
+        min_length=1, max_length=_ROLE_NAME_MAX, description="Name of an earlier role."
+    )
+    status: DependencyStatus = Field(
+        description="`Ready`: every pod of that role is Ready. `Complete`: every worker of that "
+        "role succeeded."
+    )
+
+
+class Role(_Model):
+    """A group of identical workers: one pod template, `replicas` pods."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.trainerContainer) || "
+                    "self.template.spec.containers.exists(c, c.name == self.trainerContainer)",
+                    "message": "trainerContainer must name a container of the role's "
+                    "template.spec.containers",
+                    "fieldPath": ".trainerContainer",
+                },
+            ],
+        },
+    )
+
+    name: str = Field(
+        min_length=1,
+        max_length=_ROLE_NAME_MAX,
+        pattern=_ROLE_NAME_PATTERN,
+        description="Name of the role, a DNS label: its pods are `<job>-<role>-<index>`.",
+    )
+    replicas: int = Field(ge=1, description="Number of workers of this role.")
+    template: PodTemplate = Field(
+        description="PodTemplateSpec of the role's workers. Its first container is the trainer "
+        "unless `trainerContainer` names another."
+    )
+    trainer_container: str | None = Field(
+        default=None,
+        max_length=_CONTAINER_NAME_MAX,
+        description="Name of the template's container the agent runs and watches. Unset: the "
+        "first.",
+    )
+    ranked: bool = Field(
+        default=True,
+        description="Whether the role's workers are ranks of the training process group: "
+        "counted in `WORLD_SIZE` and given `RANK`. False for e.g. a launcher or an initializer.",
+    )
+    depends_on: list[RoleDependency] = Field(
+        default_factory=list,
+        max_length=_DEPENDENCIES_MAX,
+        description="Roles that must reach a status before this role's pods are created. Each "
+        "must be an earlier role of `spec.roles`.",
+    )
+
+    @field_validator("template")
+    @classmethod
+    def _template_has_containers(cls, template: dict[str, Any]) -> dict[str, Any]:
+        _template_container_names(template)
+        return template
+
+    @model_validator(mode="after")
+    def _trainer_exists(self) -> Self:
+        if self.trainer_container is not None and self.trainer_container not in (
+            self.container_names
+        ):
+            raise ValueError(
+                f"roles[{self.name}].trainerContainer must name a container of the role's "
+                "template.spec.containers"
+            )
+        return self
+
+    @property
+    def container_names(self) -> list[str]:
+        """Names of the template's containers, in order."""
+        return _template_container_names(self.template)
+
+    @property
+    def trainer_container_name(self) -> str:
+        """The container that runs training: `trainerContainer`, or the template's first."""
+        return self.trainer_container or self.container_names[0]
+
+
+class Coordinator(_Model):
+    """The worker `MASTER_ADDR` points to."""
+
+    role: str = Field(min_length=1, max_length=_ROLE_NAME_MAX, description="Name of a ranked role.")
+    index: int = Field(default=0, ge=0, description="Index of the worker within the role.")
+
+
+class RoleSuccess(_Model):
+    """When the job has succeeded, by the workers of some roles."""
+
+    operator: SuccessOperator = Field(
+        description="`All`: every worker of the named roles succeeded (a worker whose failure "
+        "the failure policy ignores counts as done). `Any`: one worker of them succeeded."
+    )
+    roles: list[Annotated[str, Field(max_length=_ROLE_NAME_MAX)]] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=_ROLES_MAX,
+        description="Names of `spec.roles`. Unset: every role.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+
+
+@dataclass(frozen=True)
+class WorkerSlot:
+    """One worker of the gang: its role, its index in the role, its global `RANK` (None in a
+    role that is not ranked), and its number in the gang (`gangjob.io/rank`)."""
+
+    role: Role
+    index: int
+    rank: int | None
+    worker: int
+
+
+def _role_names_exist(names: str) -> str:
+    # `names` is a CEL list expression; true when each is a role of `spec.roles`.
+    return f"{names}.all(n, has(self.roles) && self.roles.exists(x, x.name == n))"
+
+
+def _immutable(field: str) -> JsonValue:
+    # A transition rule: evaluated on updates only. Comparing presence first keeps a field
+    # that appeared or vanished (shorthand <-> roles) from slipping through.
+    return {
+        "rule": f"has(self.{field}) == has(oldSelf.{field}) && "
+        f"(!has(self.{field}) || self.{field} == oldSelf.{field})",
+        "message": f"spec.{field} is immutable",
+        "fieldPath": f".{field}",
+    }
+
+
+IMMUTABLE_FIELDS: Final = ("replicas", "template", "roles", "coordinator", "masterPort")
+"""Fields of `spec` the apiserver refuses to change once the GangJob exists (docs/api.md)."""
+
 _SPEC_RULES: Final[list[JsonValue]] = [
     {
-        "rule": "!has(self.trainerContainer) || "
-        "self.template.spec.containers.exists(c, c.name == self.trainerContainer)",
-        "message": "trainerContainer must name a container of spec.template.spec.containers",
+        "rule": "has(self.roles) != has(self.replicas)",
+        "message": "set either spec.roles or spec.replicas with spec.template, not both nor "
+        "neither",
+        "fieldPath": ".roles",
+    },
+    {
+        "rule": "has(self.replicas) == has(self.template)",
+        "message": "spec.replicas and spec.template go together",
+        "fieldPath": ".template",
+    },
+    {
+        "rule": "!has(self.trainerContainer) || (has(self.template) && "
+        "self.template.spec.containers.exists(c, c.name == self.trainerContainer))",
+        "message": "trainerContainer must name a container of spec.template.spec.containers "
+        "(with spec.roles, set it on the role)",
         "fieldPath": ".trainerContainer",
     },
     {
         "rule": "!has(self.failurePolicy) || !has(self.failurePolicy.rules) || "
         "self.failurePolicy.rules.all(r, !has(r.onExitCodes) || "
-        "!has(r.onExitCodes.containerName) || "
-        "self.template.spec.containers.exists(c, c.name == r.onExitCodes.containerName))",
+        "!has(r.onExitCodes.containerName) || (has(self.template) ? "
+        "self.template.spec.containers.exists(c, c.name == r.onExitCodes.containerName) : "
+        "self.roles.exists(x, "
+        "x.template.spec.containers.exists(c, c.name == r.onExitCodes.containerName))))",
         "message": "failurePolicy.rules[].onExitCodes.containerName must name a container of "
-        "spec.template.spec.containers",
+        "spec.template.spec.containers (with spec.roles, of a role's template)",
         "fieldPath": ".failurePolicy.rules",
+    },
+    {
+        "rule": "!has(self.failurePolicy) || !has(self.failurePolicy.rules) || "
+        "self.failurePolicy.rules.all(r, !has(r.roles) || " + _role_names_exist("r.roles") + ")",
+        "message": "failurePolicy.rules[].roles must name roles of spec.roles",
+        "fieldPath": ".failurePolicy.rules",
+    },
+    {
+        "rule": "!has(self.success) || !has(self.success.roles) || "
+        + _role_names_exist("self.success.roles"),
+        "message": "success.roles must name roles of spec.roles",
+        "fieldPath": ".success.roles",
+    },
+    {
+        "rule": "!has(self.success) || self.successPolicy != 'Rank0'",
+        "message": "successPolicy Rank0 and success exclude each other: say it in success",
+        "fieldPath": ".success",
+    },
+    {
+        "rule": "!has(self.coordinator) || (has(self.roles) ? self.roles.exists(r, "
+        "r.name == self.coordinator.role && r.ranked && self.coordinator.index < r.replicas) "
+        f": (self.coordinator.role == '{SHORTHAND_ROLE}' && "
+        "self.coordinator.index < self.replicas))",
+        "message": "coordinator must name a ranked role of spec.roles and an index below its "
+        "replicas",
+        "fieldPath": ".coordinator",
+    },
+    *(_immutable(name) for name in IMMUTABLE_FIELDS),
+]
+
+_ROLE_INDEXES: Final = "[" + ", ".join(str(i) for i in range(_ROLES_MAX)) + "]"
+
+_ROLES_RULES: Final[list[JsonValue]] = [
+    {
+        # By position, over a literal list of the possible indexes: the apiserver's cost
+        # estimate of `indexOf` is unbounded, and CRDs have no `cel.bind`. Naming only earlier
+        # roles also rules out cycles.
+        "rule": f"{_ROLE_INDEXES}.all(i, i >= self.size() || !has(self[i].dependsOn) || "
+        f"self[i].dependsOn.all(d, {_ROLE_INDEXES}.exists(j, j < i && self[j].name == d.role)))",
+        "message": "roles[].dependsOn[].role must name an earlier role of spec.roles",
+    },
+    {
+        "rule": "self.exists(r, !has(r.ranked) || r.ranked)",
+        "message": "at least one role must be ranked",
     },
 ]
 
@@ -467,19 +703,47 @@ NprocPerNode = Annotated[
 
 
 class GangJobSpec(_Model):
-    """The desired state of a GangJob."""
+    """The desired state of a GangJob.
+
+    Either `roles`, or the shorthand of one role: `replicas` + `template` (+
+    `trainerContainer`), which `effective_roles` turns into the role `worker`; the controller
+    reads only `effective_roles` and `workers`.
+    """
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": _SPEC_RULES})
 
-    replicas: int = Field(ge=1, description="Gang size: the number of workers (ranks).")
-    template: PodTemplate = Field(
-        description="PodTemplateSpec of a worker. Its first container is the trainer unless "
-        "`trainerContainer` names another."
+    replicas: int | None = Field(
+        default=None,
+        ge=1,
+        description="Gang size: the number of workers (ranks), for a job of one role. With "
+        "`template`; not with `roles`.",
+    )
+    template: PodTemplate | None = Field(
+        default=None,
+        description="PodTemplateSpec of a worker, for a job of one role. Its first container "
+        "is the trainer unless `trainerContainer` names another.",
     )
     trainer_container: str | None = Field(
         default=None,
         max_length=_CONTAINER_NAME_MAX,
         description="Name of the template's container that runs training. Unset: the first.",
+    )
+    roles: list[Role] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=_ROLES_MAX,
+        description="The job's roles, each a group of identical workers; instead of "
+        "`replicas` + `template`. Names are unique; the ranked roles' workers are the ranks, "
+        "in the order of this list.",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["name"],
+            "x-kubernetes-validations": _ROLES_RULES,
+        },
+    )
+    coordinator: Coordinator | None = Field(
+        default=None,
+        description="The worker `MASTER_ADDR` points to. Unset: rank 0.",
     )
     restart: RestartSpec = Field(
         default_factory=RestartSpec,
@@ -505,7 +769,12 @@ class GangJobSpec(_Model):
     success_policy: SuccessPolicy = Field(
         default=SuccessPolicy.ALL,
         description="`All`: the job succeeds when every worker's trainer exited 0. `Rank0`: "
-        "when rank 0's did.",
+        "when rank 0's did. `success`, when set, decides instead.",
+    )
+    success: RoleSuccess | None = Field(
+        default=None,
+        description="When the job succeeds, by roles: e.g. `{operator: Any, roles: [launcher]}`. "
+        "Unset: by `successPolicy`.",
     )
     suspend: bool = Field(
         default=False,
@@ -520,7 +789,7 @@ class GangJobSpec(_Model):
         default=29500,
         ge=1,
         le=65535,
-        description="Port of the rendezvous on rank 0, given to workers as `MASTER_PORT`.",
+        description="Port of the rendezvous on the coordinator, given to workers as `MASTER_PORT`.",
     )
 
     nproc_per_node: NprocPerNode | None = Field(
@@ -534,35 +803,156 @@ class GangJobSpec(_Model):
 
     @field_validator("template")
     @classmethod
-    def _template_has_containers(cls, template: dict[str, Any]) -> dict[str, Any]:
-        _template_container_names(template)
+    def _template_has_containers(cls, template: dict[str, Any] | None) -> dict[str, Any] | None:
+        if template is not None:
+            _template_container_names(template)
         return template
 
     @model_validator(mode="after")
-    def _containers_named_exist(self) -> Self:
-        names = self.container_names
-        if self.trainer_container is not None and self.trainer_container not in names:
+    def _one_form(self) -> Self:
+        if (self.roles is None) == (self.replicas is None):
+            raise ValueError(
+                "roles: set either spec.roles or spec.replicas with spec.template, not both "
+                "nor neither"
+            )
+        if (self.replicas is None) != (self.template is None):
+            raise ValueError("template: spec.replicas and spec.template go together")
+        if self.roles is not None and self.trainer_container is not None:
+            raise ValueError("trainerContainer: with spec.roles, set trainerContainer on the role")
+        if (
+            self.template is not None
+            and self.trainer_container is not None
+            and self.trainer_container not in _template_container_names(self.template)
+        ):
             raise ValueError(
                 "trainerContainer must name a container of spec.template.spec.containers"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _roles_consistent(self) -> Self:
+        roles = self.effective_roles
+        names = [role.name for role in roles]
+        for index, role in enumerate(roles):
+            if role.name in names[:index]:
+                raise ValueError(f"roles[{index}].name {role.name!r} is duplicated")
+            for dep in role.depends_on:
+                if dep.role not in names[:index]:
+                    raise ValueError(
+                        f"roles[{index}].dependsOn[].role {dep.role!r} must name an earlier role"
+                    )
+        if not any(role.ranked for role in roles):
+            raise ValueError("roles: at least one role must be ranked")
+        coordinator = self.coordinator
+        if coordinator is not None:
+            target = next((r for r in roles if r.name == coordinator.role), None)
+            if target is None or not target.ranked or coordinator.index >= target.replicas:
+                raise ValueError(
+                    "coordinator must name a ranked role of spec.roles and an index below its "
+                    "replicas"
+                )
         for index, rule in enumerate(self.failure_policy.rules):
+            unknown = set(rule.roles or ()) - set(names)
+            if (self.roles is None and rule.roles is not None) or unknown:
+                raise ValueError(
+                    f"failurePolicy.rules[{index}].roles must name roles of spec.roles"
+                )
             exit_codes = rule.on_exit_codes
-            if exit_codes and exit_codes.container_name not in (None, *names):
+            container = exit_codes.container_name if exit_codes else None
+            if container is not None and not any(container in r.container_names for r in roles):
                 raise ValueError(
                     f"failurePolicy.rules[{index}].onExitCodes.containerName must name a "
-                    "container of spec.template.spec.containers"
+                    "container of spec.template.spec.containers (with spec.roles, of a "
+                    "role's template)"
+                )
+        if self.success is not None:
+            unknown = set(self.success.roles or ()) - set(names)
+            if (self.roles is None and self.success.roles is not None) or unknown:
+                raise ValueError("success.roles must name roles of spec.roles")
+            if self.success_policy is SuccessPolicy.RANK0:
+                raise ValueError(
+                    "success: successPolicy Rank0 and success exclude each other: say it in success"
                 )
         return self
 
+    @cached_property
+    def effective_roles(self) -> tuple[Role, ...]:
+        """The job's roles: `spec.roles`, or for the shorthand the one role `worker` made of
+        `replicas`, `template` and `trainerContainer`. The one place the shorthand becomes a
+        role; everything downstream reads roles."""
+        if self.roles is not None:
+            return tuple(self.roles)
+        # `_one_form` holds: the shorthand has both.
+        assert self.replicas is not None
+        assert self.template is not None
+        # Constructed, not validated: the fields were validated on the spec, and the role
+        # shares the spec's template (a copy would be paid per job, and be a second truth).
+        return (
+            Role.model_construct(
+                name=SHORTHAND_ROLE,
+                replicas=self.replicas,
+                template=self.template,
+                trainer_container=self.trainer_container,
+                ranked=True,
+                depends_on=[],
+            ),
+        )
+
+    @property
+    def shorthand(self) -> bool:
+        """Written with `replicas` + `template`: its pods keep the names `<job>-<index>`."""
+        return self.roles is None
+
+    @cached_property
+    def workers(self) -> tuple[WorkerSlot, ...]:
+        """Every worker of the gang, numbered (docs/api.md, "Ranks and names"): the ranked
+        roles' workers first, in role order and index order, numbered 0..WORLD_SIZE-1 (their
+        `RANK`); then the other roles' workers, in role order, numbered on from WORLD_SIZE."""
+        slots: list[WorkerSlot] = []
+        for ranked in (True, False):
+            for role in self.effective_roles:
+                if role.ranked is ranked:
+                    for index in range(role.replicas):
+                        number = len(slots)
+                        slots.append(WorkerSlot(role, index, number if ranked else None, number))
+        return tuple(slots)
+
+    @property
+    def world_size(self) -> int:
+        """`WORLD_SIZE`: the workers of the ranked roles."""
+        return sum(role.replicas for role in self.effective_roles if role.ranked)
+
+    def role(self, name: str) -> Role | None:
+        """The role of this name, if any."""
+        return next((role for role in self.effective_roles if role.name == name), None)
+
+    def worker_of(self, role: str, index: int) -> WorkerSlot:
+        """The worker `index` of role `role` (both must exist)."""
+        return next(w for w in self.workers if w.role.name == role and w.index == index)
+
     @property
     def container_names(self) -> list[str]:
-        """Names of the template's containers, in order."""
-        return _template_container_names(self.template)
+        """Names of the first role's template's containers, in order."""
+        return self.effective_roles[0].container_names
 
     @property
     def trainer_container_name(self) -> str:
-        """The container that runs training: `trainerContainer`, or the template's first."""
-        return self.trainer_container or self.container_names[0]
+        """The first role's trainer container (the shorthand's `trainerContainer`, or its
+        template's first container)."""
+        return self.effective_roles[0].trainer_container_name
+
+    def role_of(self, worker: int) -> Role:
+        """The role of worker number `worker`; the first role's for a number out of range."""
+        if 0 <= worker < len(self.workers):
+            return self.workers[worker].role
+        return self.effective_roles[0]
+
+    @property
+    def coordinator_worker(self) -> WorkerSlot:
+        """The worker `MASTER_ADDR` points to: `coordinator`, or rank 0."""
+        if self.coordinator is not None:
+            return self.worker_of(self.coordinator.role, self.coordinator.index)
+        return self.workers[0]
 
 
 # --- status ---------------------------------------------------------------------------------
@@ -578,6 +968,34 @@ class WorkersStatus(_Model):
         ge=0,
         description="Workers that have arrived at `status.epoch` (their pod's "
         "`gangjob.io/epoch` annotation).",
+    )
+
+
+class RoleStatus(_Model):
+    """Where one role stands, and counts of its workers."""
+
+    name: str = Field(description="Name of the role.")
+    state: RoleState = Field(
+        description="`Waiting`: its pods wait for the roles it depends on. `Running`: its pods "
+        "are created. `Complete`: every worker succeeded; a gang restart does not run it again."
+    )
+    replicas: int = Field(default=0, ge=0, description="Workers of the role.")
+    ready: int = Field(default=0, ge=0, description="Workers whose pod is Ready.")
+    arrived: int = Field(default=0, ge=0, description="Workers arrived at `status.epoch`.")
+    succeeded: int = Field(default=0, ge=0, description="Workers that succeeded.")
+    failed: int = Field(
+        default=0,
+        ge=0,
+        description="Workers whose pod failed, or whose trainer ended with a non-zero code at "
+        "`status.epoch` (whatever the failure policy does about it).",
+    )
+    started_late_at: int | None = Field(
+        default=None,
+        ge=0,
+        description="The epoch whose barrier was already open when the role's pods were first "
+        "created (a role that waited for another to be Ready): until the next restart, a pod "
+        "of it that is gone is created again rather than restarting the gang. Unset: the role "
+        "started before its epoch's barrier opened.",
     )
 
 
@@ -713,6 +1131,21 @@ class GangJobStatus(_Model):
     workers: WorkersStatus = Field(
         default_factory=WorkersStatus, description="Counts of the gang's workers."
     )
+    roles: list[RoleStatus] | None = Field(
+        default=None,
+        max_length=_ROLES_MAX,
+        description="Each role's state and counts, in the order of the spec's roles.",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["name"],
+        },
+    )
+    roles_ready: str | None = Field(
+        default=None,
+        max_length=512,
+        description="Each role's `<ready>/<replicas>` while it runs, else its state, e.g. "
+        "`init Complete, worker 4/4, launcher Waiting` (the `Roles` printer column).",
+    )
     restarts: RestartCounts = Field(
         default_factory=RestartCounts, description="Counts of the gang's restarts."
     )
@@ -756,6 +1189,10 @@ class GangJobStatus(_Model):
     def condition(self, type_: str) -> Condition | None:
         """The condition of this type, if any."""
         return next((c for c in self.conditions if c.type == type_), None)
+
+    def role_state(self, name: str) -> RoleState | None:
+        """The recorded state of the role of this name, if any."""
+        return next((r.state for r in self.roles or () if r.name == name), None)
 
 
 # --- the object -----------------------------------------------------------------------------

@@ -16,8 +16,9 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from api.constants import (
     ANNOTATION_EPOCH,
@@ -201,8 +202,8 @@ class Manager:
         epoch = status.get("epoch")
         if not isinstance(epoch, int) or status.get("barrierEpoch") == epoch:
             return False
-        replicas = spec.get("replicas")
-        return isinstance(replicas, int) and self.arrivals.waiting(key, epoch) >= replicas
+        expected = barrier_waits_for(spec, status)
+        return expected is not None and self.arrivals.waiting(key, epoch) >= expected
 
     def _enqueue_arrival(self, key: str) -> None:
         # An arrival (annotation or direct report) is one of N during a restart and no failure:
@@ -384,3 +385,15 @@ def default_identity() -> str:
 
 
 __all__ = ["CONTROLLER_NAME", "LEASES", "Manager", "Settings", "default_identity"]
+
+
+def barrier_waits_for(spec: Mapping[str, Any], status: Mapping[str, Any]) -> int | None:
+    """How many workers the barrier waits for, read from the raw GangJob the cache holds: the
+    running roles' (`status.roles`), or for a status written before roles, `spec.replicas`.
+    None if the object says neither (the pass then decides alone)."""
+    roles = [r for r in status.get("roles") or () if isinstance(r, Mapping)]
+    if roles:
+        counts = [r.get("replicas") for r in roles if r.get("state") == "Running"]
+        return sum(n for n in counts if isinstance(n, int))
+    replicas = spec.get("replicas")
+    return replicas if isinstance(replicas, int) else None

@@ -295,7 +295,7 @@ class Reconciler:
                 mode=mode,
                 detected_at=done.detected_at,
                 barrier_open_at=done.barrier_open_at,
-                recreated=done.recreated_ranks(job.spec.replicas),
+                recreated=done.recreated_ranks(len(job.spec.workers)),
                 trigger_worker=done.trigger.worker,
             )
             log.info(

@@ -23,6 +23,7 @@ from api.v1alpha1 import (
     GangJob,
     NodeConditionMatcher,
     RestartMode,
+    Role,
 )
 from controller.policy.views import ContainerView, NodeView, PodView
 
@@ -542,13 +543,20 @@ def rule_matches(rule: FailurePolicyRule, failure: Failure, trainer: str) -> boo
     return False
 
 
+def applies_to(rule: FailurePolicyRule, role: Role) -> bool:
+    """The rule matches failures of the role's workers: it names the role, or no role."""
+    return rule.roles is None or role.name in rule.roles
+
+
 def decide(job: GangJob, failure: Failure) -> Decision:
-    """The policy's decision on a failure: the first matching rule, else the defaults; a
-    rule's `countsTowardsMaxRestarts` overrides the default counting."""
+    """The policy's decision on a failure: the first matching rule that applies to the failed
+    worker's role, else the defaults; a rule's `countsTowardsMaxRestarts` overrides the default
+    counting."""
     default_action, default_counted = default_decision(failure.failure_class)
-    trainer = job.spec.trainer_container_name
+    role = job.spec.role_of(failure.worker)
+    trainer = role.trainer_container_name
     for index, rule in enumerate(job.spec.failure_policy.rules):
-        if rule_matches(rule, failure, trainer):
+        if applies_to(rule, role) and rule_matches(rule, failure, trainer):
             counted = rule.counts_towards_max_restarts
             return Decision(
                 failure=failure,
@@ -560,33 +568,41 @@ def decide(job: GangJob, failure: Failure) -> Decision:
     return Decision(failure=failure, action=default_action, counted=default_counted)
 
 
-def exit_code_action(job: GangJob, container: str, exit_code: int) -> FailureAction | None:
-    """The action for `container` exiting with `exit_code` by the `onExitCodes` rules alone
-    (what the kubelet can know when the container exits); None for 0, a success."""
+def exit_code_action(
+    job: GangJob, container: str, exit_code: int, role: Role | None = None
+) -> FailureAction | None:
+    """The action for `container` of a worker of `role` (by default the first) exiting with
+    `exit_code` by the `onExitCodes` rules alone (what the kubelet can know when the container
+    exits); None for 0, a success."""
     if exit_code == 0:
         return None
-    trainer = job.spec.trainer_container_name
+    role = role or job.spec.effective_roles[0]
+    trainer = role.trainer_container_name
     codes = {container: exit_code}
     for rule in job.spec.failure_policy.rules:
-        if _matches_exit(rule, trainer, codes):
+        if applies_to(rule, role) and _matches_exit(rule, trainer, codes):
             return rule.action
     return default_decision(FailureClass.PROCESS_EXIT)[0]
 
 
-def retriable_exit_codes(job: GangJob) -> tuple[ExitCodeOperator, list[int]] | None:
-    """The trainer's exit codes that restart the gang in place, as the `exitCodes` of its
-    `RestartAllContainers` rule (`Pod` mode): (operator, values), or None if no code does.
+def retriable_exit_codes(
+    job: GangJob, role: Role | None = None
+) -> tuple[ExitCodeOperator, list[int]] | None:
+    """The trainer's exit codes that restart the gang in place, for a worker of `role` (by
+    default the first), as the `exitCodes` of its `RestartAllContainers` rule (`Pod` mode):
+    (operator, values), or None if no code does.
 
     Codes the policy sends elsewhere (FailJob, RecreateWorker, Ignore) are left out, so that
     the trainer stays terminated with its real code for the controller to classify: after a
     whole-pod restart the kubelet keeps none. The shorter form is chosen: `NotIn [0, <left
     out>]` (0 is a success, never restarted) or `In [<retriable>]`; both fit the API's 255.
     """
-    trainer = job.spec.trainer_container_name
+    role = role or job.spec.effective_roles[0]
+    trainer = role.trainer_container_name
     retriable = [
         code
         for code in _EXIT_CODES
-        if exit_code_action(job, trainer, code) is FailureAction.RESTART_GANG
+        if exit_code_action(job, trainer, code, role) is FailureAction.RESTART_GANG
     ]
     if not retriable:
         return None

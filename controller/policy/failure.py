@@ -22,16 +22,39 @@ from controller.policy.passstate import EventSpec, Pass, worker_text
 
 
 def classify_failures(p: Pass) -> bool:
-    """Every worker's failure at `status.epoch`, classified. A worker below the epoch is
-    restarting because of the protocol: its exits and restarts are no failure, so that one
-    failure makes one bump however many workers then report it."""
-    ctx = classify.Context.of(
+    """Every running role's workers' failures at `status.epoch`, classified. A worker below the
+    epoch is restarting because of the protocol: its exits and restarts are no failure, so that
+    one failure makes one bump however many workers then report it. A completed role's workers
+    are done, and a waiting role's have no pods yet."""
+    p.decisions.extend(_decisions(p))
+    return False
+
+
+def ignored_workers(p: Pass) -> set[int]:
+    """The workers whose failure at `status.epoch` the policy ignores (`Ignore`), as
+    `classify_failures` will decide: for the success policy, which runs before it."""
+    if not any(r.action is FailureAction.IGNORE for r in p.job.spec.failure_policy.rules):
+        return set()
+    return {d.worker for d in _decisions(p) if d.action is FailureAction.IGNORE}
+
+
+def _decisions(p: Pass) -> list[Decision]:
+    base = classify.Context.of(
         p.job, p.effective_mode, p.epoch, p.barrier_epoch, p.barrier_opened_at
     )
-    for rank in range(p.job.spec.replicas):
+    # Each role's own trainer container is the one whose exit is the worker's.
+    contexts = {
+        role.name: dataclasses.replace(base, trainer=role.trainer_container_name)
+        for role in p.job.spec.effective_roles
+    }
+    decisions: list[Decision] = []
+    for rank in p.active():
+        ctx = contexts[p.job.spec.workers[rank].role.name]
         pod = p.gang.workers.get(rank)
         if pod is None:
-            failure = classify.missing(ctx, rank)
+            # A role that joined the running gang creates its pods as it goes: one missing is
+            # created again, as before the first barrier.
+            failure = None if p.started_late(rank) else classify.missing(ctx, rank)
         elif not at_epoch(pod, p.epoch):
             continue
         else:
@@ -41,8 +64,8 @@ def classify_failures(p: Pass) -> bool:
                 pod = dataclasses.replace(pod, deletion_timestamp=p.now)
             failure = classify.detect(ctx, rank, pod, p.node_of(pod))
         if failure is not None:
-            p.decisions.append(classify.decide(p.job, failure))
-    return False
+            decisions.append(classify.decide(p.job, failure))
+    return decisions
 
 
 def fail_by_policy(p: Pass) -> bool:

@@ -25,10 +25,11 @@ class Gang:
     """The observed pods sorted out once: workers by rank, and the rest."""
 
     workers: dict[int, PodView]
-    """Rank -> its pod: ours (controller ownerReference to this job), rank in range, named
-    `<job>-<rank>`. At most one per rank, because the name is derived from the rank."""
+    """Worker number (`gangjob.io/rank`) -> its pod: ours (controller ownerReference to this
+    job), number in range, named as `podspec.worker_pod_name` names it. At most one per number,
+    because the name is derived from the number."""
     strays: list[PodView]
-    """Ours, but not a worker: rank missing or out of range, or a name not `<job>-<rank>`."""
+    """Ours, but not a worker: number missing or out of range, or the wrong name."""
     names: frozenset[str]
     """Names of every observed pod, ours or not, terminating or not: a name still taken."""
     live: dict[int, PodView]
@@ -46,8 +47,8 @@ def sort_pods(job: GangJob, pods: Sequence[PodView]) -> Gang:
         rank = pod.rank
         if (
             rank is not None
-            and 0 <= rank < job.spec.replicas
-            and pod.name == podspec.pod_name(job.metadata.name, rank)
+            and 0 <= rank < len(job.spec.workers)
+            and pod.name == podspec.worker_pod_name(job, rank)
         ):
             workers[rank] = pod
         else:

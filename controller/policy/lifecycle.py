@@ -21,13 +21,14 @@ from api.constants import (
     REASON_WORKERS_READY,
     ConditionType,
 )
-from api.v1alpha1 import ConditionStatus, Phase, RestartMode
+from api.v1alpha1 import ConditionStatus, Phase, RestartMode, RoleState
 from controller.policy import podspec
 from controller.policy.conditions import get_condition, is_true
 from controller.policy.gang import POD_RUNNING, POD_TERMINAL
-from controller.policy.passstate import EventSpec, Pass, job_for_pods
+from controller.policy.passstate import EventSpec, Pass, RoleProgress, job_for_pods
 
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
+_WAITING: Final = RoleProgress(RoleState.WAITING)
 
 
 def delete_strays(p: Pass) -> bool:
@@ -102,18 +103,18 @@ def suspend(p: Pass) -> bool:
 
 
 def create(p: Pass) -> bool:
-    """The Service if missing, and every missing rank's pod, at the epoch of this pass."""
+    """The Service if missing, and the pod of every missing worker of a running role, at the
+    epoch of this pass."""
     if not p.observed.service_exists:
         p.create_service = podspec.build_service(p.job)
-    name = p.job.metadata.name
     job = job_for_pods(p, p.effective_mode)
     # A pod of this name still terminating counts as present: a second pod of the same name
     # cannot be created, and the new one waits for the old to be gone. A force-delete (grace
     # 0, no finalizers of ours) frees the name at once, and reconcile deletes before it creates.
     forced = {d.name for d in p.delete_pods.values() if d.grace_seconds == 0}
     taken = p.gang.names - forced
-    for rank in range(p.job.spec.replicas):
-        if podspec.pod_name(name, rank) in taken:
+    for rank in p.active():
+        if podspec.worker_pod_name(job, rank) in taken:
             continue
         try:
             pod = podspec.build_pod(job, rank, p.config.agent_image, p.config.arrival_url)
@@ -167,12 +168,17 @@ def finish_pod(
 
 
 def running(p: Pass) -> bool:
-    """Restarting until the barrier of a restart opens; then Pending until every worker is
-    Running and Ready, then Running."""
-    replicas = p.job.spec.replicas
+    """Restarting until the barrier of a restart opens; then Pending until every worker of the
+    roles not complete (waiting ones included) is Running and Ready, then Running."""
+    expected = [
+        w.worker
+        for w in p.job.spec.workers
+        if p.roles.get(w.role.name, _WAITING).state is not RoleState.COMPLETE
+    ]
+    replicas = len(expected)
     # Counted as they will be once this plan is carried out, as `workers_status` does.
     live = p.staying()
-    ready = sum(pod.phase == POD_RUNNING and pod.ready for pod in live.values())
+    ready = sum(live[w].phase == POD_RUNNING and live[w].ready for w in expected if w in live)
     message = f"{ready}/{replicas} workers ready"
     restarting = p.last_restart is not None and p.last_restart.epoch == p.epoch
     if restarting and p.barrier_epoch != p.epoch:

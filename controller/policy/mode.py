@@ -91,10 +91,10 @@ def _pod_mode_problem(p: Pass) -> tuple[str, str] | None:
 
 
 def eligible_nodes(job: GangJob, nodes: Iterable[NodeView]) -> list[NodeView]:
-    """The nodes the template's `nodeSelector` and required node affinity allow: in a mixed
-    cluster only those decide whether `Pod` mode can be scheduled."""
-    spec = job.spec.template.get("spec") or {}
-    return [n for n in nodes if nodematch.allows(spec, n)]
+    """The nodes some role's template allows by its `nodeSelector` and required node affinity:
+    in a mixed cluster only those decide whether `Pod` mode can be scheduled."""
+    specs = [role.template.get("spec") or {} for role in job.spec.effective_roles]
+    return [n for n in nodes if any(nodematch.allows(spec, n) for spec in specs)]
 
 
 def _rules_dropped(pod: PodView) -> bool:
@@ -104,20 +104,30 @@ def _rules_dropped(pod: PodView) -> bool:
 def _pod_mode_has_rules(p: Pass) -> bool:
     """Whether podspec gives a `Pod`-mode worker restart rules at all: only then does a pod
     without any say that the apiserver dropped them."""
+    job = job_for_pods(p, RestartMode.POD)
     try:
-        pod = podspec.build_pod(job_for_pods(p, RestartMode.POD), 0, p.config.agent_image)
+        pods = [podspec.build_pod(job, w, p.config.agent_image) for w in _first_of_each_role(job)]
     except ValueError:
         return False
-    spec = pod.get("spec") or {}
-    containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+    specs = [pod.get("spec") or {} for pod in pods]
+    containers = [
+        c for spec in specs for c in (*(spec.get("initContainers") or []), *spec["containers"])
+    ]
     return any(c.get("restartPolicyRules") for c in containers)
+
+
+def _first_of_each_role(job: GangJob) -> list[int]:
+    """The first worker of each role: a pod of each template."""
+    return [w.worker for w in job.spec.workers if w.index == 0]
 
 
 def _fallback_mode(p: Pass) -> RestartMode:
     """`Process` needs no KEP-5532; a template it cannot wrap (no `command`) gets `Recreate`,
     which works everywhere."""
+    job = job_for_pods(p, RestartMode.PROCESS)
     try:
-        podspec.build_pod(job_for_pods(p, RestartMode.PROCESS), 0, p.config.agent_image)
+        for worker in _first_of_each_role(job):
+            podspec.build_pod(job, worker, p.config.agent_image)
     except ValueError:
         return RestartMode.RECREATE
     return RestartMode.PROCESS

@@ -19,6 +19,8 @@ from api.v1alpha1 import (
     RestartCounts,
     RestartMode,
     RestartRecord,
+    RoleState,
+    RoleStatus,
     WorkersStatus,
 )
 from controller.policy import podspec
@@ -109,6 +111,14 @@ class Plan:
     pods; either may exist already."""
 
 
+@dataclass(frozen=True)
+class RoleProgress:
+    """Where a role stands in this pass (`status.roles[].state`, `startedLateAt`)."""
+
+    state: RoleState
+    started_late_at: int | None = None
+
+
 @dataclass
 class Pass:
     """One planning pass: the observation, and the plan being gathered."""
@@ -144,6 +154,10 @@ class Pass:
     acted: list[Decision] = field(default_factory=list)
     restart_started: RestartRecord | None = None
     restart_finished: RestartRecord | None = None
+    roles: dict[str, RoleProgress] = field(default_factory=dict)
+    """Role name -> its state; read from `status.roles`, advanced by `roles.advance`."""
+    role_statuses: list[RoleStatus] = field(default_factory=list)
+    """`status.roles` as this pass leaves it (`roles.statuses`, at the end of `plan`)."""
 
     @property
     def job(self) -> GangJob:
@@ -191,6 +205,23 @@ class Pass:
     def is_finished(self) -> bool:
         return self.phase in (Phase.SUCCEEDED, Phase.FAILED)
 
+    def active(self) -> list[int]:
+        """The workers the gang's protocol spans in this pass: those of the running roles (not
+        of a role still waiting, nor of one that completed)."""
+        return [
+            w.worker
+            for w in self.job.spec.workers
+            if self.roles.get(w.role.name, RoleProgress(RoleState.WAITING)).state
+            is RoleState.RUNNING
+        ]
+
+    def started_late(self, worker: int) -> bool:
+        """The worker's role started behind the open barrier of `epoch`: a pod of it that is
+        missing is created again, not a failure of the gang."""
+        role = self.job.spec.workers[worker].role.name
+        progress = self.roles.get(role)
+        return progress is not None and progress.started_late_at == self.epoch
+
     def staying(self) -> dict[int, PodView]:
         """The live workers that this plan does not delete."""
         return {r: pod for r, pod in self.gang.live.items() if pod.name not in self.delete_pods}
@@ -212,6 +243,8 @@ class Pass:
             barrier_epoch=self.barrier_epoch,
             barrier_opened_at=self.barrier_opened_at,
             workers=self.workers_status(),
+            roles=self.role_statuses or None,
+            roles_ready=roles_summary(self.role_statuses),
             restarts=self.restarts,
             last_restart=self.last_restart,
             history=self.history[-HISTORY_LIMIT:],
@@ -240,11 +273,25 @@ class Pass:
         )
 
 
+def roles_summary(roles: Sequence[RoleStatus]) -> str | None:
+    """`status.rolesReady`, the `Roles` printer column: `<role> <ready>/<replicas>` for a
+    running role, `<role> Waiting` or `<role> Complete` for the others."""
+    parts = [
+        f"{r.name} {r.ready}/{r.replicas}"
+        if r.state is RoleState.RUNNING
+        else f"{r.name} {r.state}"
+        for r in roles
+    ]
+    return ", ".join(parts) or None
+
+
 def worker_text(p: Pass, rank: int | None) -> str:
     """A worker as messages name it: its rank and pod (None: the whole gang)."""
     if rank is None:
         return "the gang"
-    return f"worker {rank} (pod {podspec.pod_name(p.job.metadata.name, rank)})"
+    if not 0 <= rank < len(p.job.spec.workers):
+        return f"worker {rank}"
+    return f"worker {rank} (pod {podspec.worker_pod_name(p.job, rank)})"
 
 
 def job_for_pods(p: Pass, mode: RestartMode) -> GangJob:

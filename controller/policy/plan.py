@@ -5,7 +5,7 @@ create, pods to delete, Events). The one entry point of `controller.policy`; no 
 `plan` runs the flat sequence of small steps in `STEPS` over one `Pass`
 (docs/design.md section 5.2). Each step reads the observation, adds to the pass (status fields,
 creates, deletes, events), and returns True to end the pass early, as jobset's reconciler does.
-Each step lives in the module of its policy: lifecycle, mode, success, failure, restart,
+Each step lives in the module of its policy: lifecycle, mode, roles, failure, success, restart,
 recreate.
 
 The restart protocol (docs/design.md section 3) in these steps: failures are attributed to the
@@ -27,11 +27,20 @@ from controller.policy import (
     mode,
     recreate,
     restart,
+    roles,
     scheduling,
     success,
 )
 from controller.policy.gang import arrived_by_barrier, sort_pods
-from controller.policy.passstate import EventSpec, Observed, Pass, Plan, PlanConfig, PodDelete
+from controller.policy.passstate import (
+    EventSpec,
+    Observed,
+    Pass,
+    Plan,
+    PlanConfig,
+    PodDelete,
+    RoleProgress,
+)
 
 __all__ = ["STEPS", "EventSpec", "Observed", "Plan", "PlanConfig", "PlanStep", "PodDelete", "plan"]
 
@@ -45,6 +54,7 @@ STEPS: Final[tuple[PlanStep, ...]] = (
     lifecycle.finished,
     lifecycle.suspend,
     mode.choose_mode,
+    roles.advance,
     success.complete,
     recreate.delete_recreated,
     failure.classify_failures,
@@ -85,8 +95,10 @@ def plan(observed: Observed, config: PlanConfig = _DEFAULT_CONFIG) -> Plan:
         history=list(status.history),
         mode=status.mode,
         avoid_nodes=list(status.avoid_nodes or ()),
+        roles={r.name: RoleProgress(r.state, r.started_late_at) for r in status.roles or ()},
     )
     for step in STEPS:
         if step(p):
             break
+    p.role_statuses = roles.statuses(p)
     return p.plan()

@@ -1,6 +1,7 @@
 """The manifests the controller creates for a GangJob: its headless Service and its worker pods
-(`<job>-<rank>`, built from the user's template), and the seam where the restart mode shapes a
-worker pod. Pure: returns dicts, talks to nothing.
+(`<job>-<role>-<index>`, or `<job>-<index>` for a job written with `replicas` + `template`, built
+from the role's template), the workers' environment, and the seam where the restart mode shapes
+a worker pod. Pure: returns dicts, talks to nothing.
 """
 
 from __future__ import annotations
@@ -40,16 +41,21 @@ from api.constants import (
     ENV_POD_NAMESPACE,
     ENV_POD_UID,
     ENV_RANK,
+    ENV_ROLE,
+    ENV_ROLE_INDEX,
+    ENV_ROLE_REPLICAS,
     ENV_WORLD_SIZE,
     KIND,
     LABEL_NAME,
     LABEL_RANK,
+    LABEL_ROLE,
+    LABEL_ROLE_INDEX,
     RESTART_EXIT_CODE,
     SERVICE_ACCOUNT_DIR,
     WORKER_SERVICE_ACCOUNT,
     WRAPPED_ZIPAPP,
 )
-from api.v1alpha1 import GangJob, RestartMode
+from api.v1alpha1 import GangJob, RestartMode, Role, WorkerSlot
 from controller.policy.classify import retriable_exit_codes
 from controller.policy.torchrun import nproc_per_node, torchrun_env
 from controller.policy.views import parse_quantity
@@ -68,13 +74,21 @@ def service_name(job_name: str) -> str:
     return job_name
 
 
-def pod_name(job_name: str, rank: int) -> str:
-    """Worker pods are `<job>-<rank>`; the name is also the pod's hostname."""
-    return f"{job_name}-{rank}"
+def pod_name(job_name: str, index: int, role: str | None = None) -> str:
+    """Worker pods are `<job>-<role>-<index>`, or `<job>-<index>` when `role` is None (a job
+    written with `replicas` + `template`); the name is also the pod's hostname."""
+    return f"{job_name}-{index}" if role is None else f"{job_name}-{role}-{index}"
 
 
-def master_addr(job_name: str) -> str:
-    """Rank 0's DNS name, `<job>-0.<job>`.
+def worker_pod_name(job: GangJob, worker: int) -> str:
+    """The pod name of worker number `worker` (`gangjob.io/rank`) of the job."""
+    slot = job.spec.workers[worker]
+    role = None if job.spec.shorthand else slot.role.name
+    return pod_name(job.metadata.name, slot.index, role)
+
+
+def master_addr(job_name: str, coordinator: str | None = None) -> str:
+    """The coordinator's DNS name, `<pod>.<job>`: by default rank 0's, `<job>-0.<job>`.
 
     A pod with `hostname` and `subdomain` under a headless Service of the subdomain's name gets
     the record `<hostname>.<subdomain>.<namespace>.svc.<cluster-domain>`, and every pod's
@@ -82,7 +96,7 @@ def master_addr(job_name: str) -> str:
     from any pod of the gang, without hard-coding the cluster domain (which is not always
     `cluster.local`).
     """
-    return f"{pod_name(job_name, 0)}.{service_name(job_name)}"
+    return f"{coordinator or pod_name(job_name, 0)}.{service_name(job_name)}"
 
 
 def owner_reference(job: GangJob) -> dict[str, Any]:
@@ -133,23 +147,57 @@ def build_service(job: GangJob) -> dict[str, Any]:
     }
 
 
-def worker_env(job: GangJob, rank: int) -> list[dict[str, Any]]:
-    """The environment every trainer gets (docs/design.md section 3b).
+def worker_env(job: GangJob, worker: int) -> list[dict[str, Any]]:
+    """The environment every trainer gets (docs/design.md section 3b, docs/api.md): the
+    process group's (`rank_env`), then the role's (`role_env`).
 
     The epoch is not in it: the epoch changes without the pod being recreated, so the agent
     hands it to the training process instead.
     """
+    slot = job.spec.workers[worker]
+    return [*rank_env(job, slot), *role_env(slot), *torchrun_worker_env(job, slot)]
+
+
+def rank_env(job: GangJob, slot: WorkerSlot) -> list[dict[str, Any]]:
+    """The training process group: `MASTER_ADDR` (the coordinator, by default rank 0),
+    `MASTER_PORT`, `WORLD_SIZE` (the workers of the ranked roles) and, in a ranked role, the
+    worker's global `RANK`; then `GANGJOB_NAME`."""
     name = job.metadata.name
-    _, trainer = _trainer(job.spec.template["spec"], job.spec.trainer_container_name)
-    nproc = nproc_per_node(job.spec.nproc_per_node, trainer)
-    return [
-        {"name": ENV_MASTER_ADDR, "value": master_addr(name)},
+    env = [
+        {"name": ENV_MASTER_ADDR, "value": master_addr(name, coordinator_pod_name(job))},
         {"name": ENV_MASTER_PORT, "value": str(job.spec.master_port)},
-        {"name": ENV_WORLD_SIZE, "value": str(job.spec.replicas)},
-        {"name": ENV_RANK, "value": str(rank)},
-        {"name": ENV_GANGJOB_NAME, "value": name},
-        *torchrun_env(rank, job.spec.replicas, nproc, master_addr(name), job.spec.master_port),
+        {"name": ENV_WORLD_SIZE, "value": str(job.spec.world_size)},
     ]
+    if slot.rank is not None:
+        env.append({"name": ENV_RANK, "value": str(slot.rank)})
+    env.append({"name": ENV_GANGJOB_NAME, "value": name})
+    return env
+
+
+def torchrun_worker_env(job: GangJob, slot: WorkerSlot) -> list[dict[str, Any]]:
+    """What torchrun reads (`PET_*`), for a worker of a ranked role: one pod is one torchrun
+    node, its node rank the worker's `RANK`, the nodes `WORLD_SIZE`, and the processes per node
+    `spec.nprocPerNode` (`auto`: the GPU limit of the role's trainer)."""
+    if slot.rank is None:
+        return []
+    _, trainer = _trainer(slot.role.template["spec"], slot.role.trainer_container_name)
+    nproc = nproc_per_node(job.spec.nproc_per_node, trainer)
+    addr = master_addr(job.metadata.name, coordinator_pod_name(job))
+    return torchrun_env(slot.rank, job.spec.world_size, nproc, addr, job.spec.master_port)
+
+
+def role_env(slot: WorkerSlot) -> list[dict[str, Any]]:
+    """The worker's role: its name, its index in the role, the role's size."""
+    return [
+        {"name": ENV_ROLE, "value": slot.role.name},
+        {"name": ENV_ROLE_INDEX, "value": str(slot.index)},
+        {"name": ENV_ROLE_REPLICAS, "value": str(slot.role.replicas)},
+    ]
+
+
+def coordinator_pod_name(job: GangJob) -> str:
+    """The pod `MASTER_ADDR` names: `spec.coordinator`'s, by default rank 0's."""
+    return worker_pod_name(job, job.spec.coordinator_worker.worker)
 
 
 def _merge_env(user_env: Iterable[Any], ours: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -161,24 +209,33 @@ def _merge_env(user_env: Iterable[Any], ours: list[dict[str, Any]]) -> list[dict
 
 
 def build_pod(
-    job: GangJob, rank: int, agent_image: str, arrival_url: str | None = None
+    job: GangJob, worker: int, agent_image: str, arrival_url: str | None = None
 ) -> dict[str, Any]:
-    """The worker pod `<job>-<rank>` built from `spec.template`.
+    """The pod of worker number `worker` (`worker_pod_name`), built from its role's template.
 
-    The template's labels and annotations are kept; the controller's labels win over same-named
-    ones. The pod records the `status.epoch` it is created at (`gangjob.io/created-epoch`);
-    `gangjob.io/epoch` is left to the agent, which writes it when the worker arrives.
-    `restartPolicy` is `Never` whatever the template says: restarts are the gang's business
-    (the CRD documents that the controller sets it). Raises `PodSpecError` when the template
-    cannot be shaped for the restart mode in effect.
+    The template's labels and annotations are kept; the controller's labels (job, worker
+    number, role, index in the role) win over same-named ones. The pod records the
+    `status.epoch` it is created at (`gangjob.io/created-epoch`); `gangjob.io/epoch` is left to
+    the agent, which writes it when the worker arrives. `restartPolicy` is `Never` whatever the
+    template says: restarts are the gang's business (the CRD documents that the controller sets
+    it). Raises `PodSpecError` when the template cannot be shaped for the restart mode in
+    effect.
     """
     name = job.metadata.name
-    template = job.spec.template
+    slot = job.spec.workers[worker]
+    role = slot.role
+    template = role.template
     template_meta: Mapping[str, Any] = template.get("metadata") or {}
     # A deep copy: the template belongs to the GangJob object, and pods must not share dicts.
     spec: dict[str, Any] = copy.deepcopy(template["spec"])
 
-    labels = {**(template_meta.get("labels") or {}), LABEL_NAME: name, LABEL_RANK: str(rank)}
+    labels = {
+        **(template_meta.get("labels") or {}),
+        LABEL_NAME: name,
+        LABEL_RANK: str(worker),
+        LABEL_ROLE: role.name,
+        LABEL_ROLE_INDEX: str(slot.index),
+    }
     annotations = {
         key: value
         for key, value in (template_meta.get("annotations") or {}).items()
@@ -186,22 +243,23 @@ def build_pod(
     }
     annotations[ANNOTATION_CREATED_EPOCH] = str(job.status.epoch)
 
-    spec["hostname"] = pod_name(name, rank)
+    pod_name_ = worker_pod_name(job, worker)
+    spec["hostname"] = pod_name_
     spec["subdomain"] = service_name(name)
     # A kubelet restart of a worker outside the protocol would rejoin a gang that moved on; and
     # on a cluster that drops container-level restart policies (gate off), the pod's is all
     # that keeps the trainer from restarting on its own.
     spec["restartPolicy"] = "Never"
-    trainer = job.spec.trainer_container_name
+    trainer = role.trainer_container_name
     for container in spec["containers"]:
         if container.get("name") == trainer:
-            container["env"] = _merge_env(container.get("env") or [], worker_env(job, rank))
+            container["env"] = _merge_env(container.get("env") or [], worker_env(job, worker))
 
     pod: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
-            "name": pod_name(name, rank),
+            "name": pod_name_,
             "namespace": job.metadata.namespace,
             "labels": labels,
             "annotations": annotations,
@@ -210,7 +268,7 @@ def build_pod(
         "spec": spec,
     }
     mode = job.status.mode or job.spec.restart.mode
-    return apply_restart_mode(pod, job, mode, agent_image, arrival_url)
+    return apply_restart_mode(pod, job, mode, agent_image, arrival_url, role)
 
 
 _RESTART_ALL_CONTAINERS: Final = "RestartAllContainers"
@@ -250,16 +308,17 @@ class TemplateConflict(PodSpecError):
 # --- the failure policy, as the kubelet applies it -------------------------------------------
 
 
-def trainer_restart_rule(job: GangJob) -> dict[str, Any] | None:
+def trainer_restart_rule(job: GangJob, role: Role | None = None) -> dict[str, Any] | None:
     """The trainer's `RestartAllContainers` rule (KEP-5532) for `Pod` mode: it matches exactly
-    the exit codes the failure policy sends to `RestartGang` (`classify.retriable_exit_codes`,
-    the controller's own classification); None if it sends none there.
+    the exit codes the failure policy sends to `RestartGang` for a worker of `role` (by default
+    the first) (`classify.retriable_exit_codes`, the controller's own classification); None if
+    it sends none there.
 
     Every other code (FailJob, RecreateWorker, Ignore) must stay out: after a whole-pod restart
     the kubelet keeps no real exit code, so a trainer that exits with one of them has to stay
     terminated for the controller to read and classify its code.
     """
-    codes = retriable_exit_codes(job)
+    codes = retriable_exit_codes(job, role)
     if codes is None:
         return None
     operator, values = codes
@@ -278,10 +337,11 @@ def apply_restart_mode(
     mode: RestartMode,
     agent_image: str,
     arrival_url: str | None = None,
+    role: Role | None = None,
 ) -> dict[str, Any]:
-    """Shape the worker pod `build_pod` made for the restart mode in effect; returns `pod`,
-    changed in place. The template's own volumes, containers and init containers are kept;
-    ours are added after them.
+    """Shape the worker pod `build_pod` made of `role` (by default the first) for the restart
+    mode in effect; returns `pod`, changed in place. The template's own volumes, containers and
+    init containers are kept; ours are added after them.
 
     - `Pod`: the agent is a native sidecar, last of the init containers (so the user's init
       work is done before the worker arrives), whose startup probe on `/barrier` is the
@@ -299,9 +359,11 @@ def apply_restart_mode(
     and a token for it. Raises `PodSpecError` when the template cannot be shaped so.
     """
     spec: dict[str, Any] = pod["spec"]
-    index, trainer = _trainer(spec, job.spec.trainer_container_name)
-    field = f"spec.template.spec.containers[{index}]"
-    _check_reserved(spec, trainer, field)
+    role = role or job.spec.effective_roles[0]
+    index, trainer = _trainer(spec, role.trainer_container_name)
+    template_field = _template_field(job, role)
+    field = f"{template_field}.spec.containers[{index}]"
+    _check_reserved(spec, trainer, template_field, field)
     qos_guaranteed = _guaranteed(spec)
     spec["volumes"] = [*(spec.get("volumes") or []), {"name": AGENT_VOLUME, "emptyDir": {}}]
     if not (spec.get("serviceAccountName") or spec.get("serviceAccount")):
@@ -381,7 +443,7 @@ def apply_restart_mode(
                 "exitCodes": {"operator": "In", "values": [RESTART_EXIT_CODE]},
             }
         ]
-        rule = trainer_restart_rule(job)
+        rule = trainer_restart_rule(job, role)
         if rule is not None:
             trainer["restartPolicyRules"] = [rule]
     spec["initContainers"] = [*(spec.get("initContainers") or []), agent]
@@ -409,6 +471,13 @@ def _launch_through_agent(trainer: dict[str, Any], field: str, mode: RestartMode
     ]
 
 
+def _template_field(job: GangJob, role: Role) -> str:
+    """Where the role's template is in the spec, for errors that name the field."""
+    if job.spec.shorthand:
+        return "spec.template"
+    return f"spec.roles[{job.spec.effective_roles.index(role)}].template"
+
+
 def _trainer(spec: Mapping[str, Any], name: str) -> tuple[int, dict[str, Any]]:
     for index, container in enumerate(spec["containers"]):
         if container.get("name") == name:
@@ -417,19 +486,21 @@ def _trainer(spec: Mapping[str, Any], name: str) -> tuple[int, dict[str, Any]]:
     raise AssertionError(f"no trainer container {name!r} in the pod")
 
 
-def _check_reserved(spec: Mapping[str, Any], trainer: Mapping[str, Any], field: str) -> None:
+def _check_reserved(
+    spec: Mapping[str, Any], trainer: Mapping[str, Any], template_field: str, field: str
+) -> None:
     for key in ("initContainers", "containers"):
         for index, container in enumerate(spec.get(key) or []):
             if container.get("name") in (AGENT_CONTAINER, AGENT_INSTALL_CONTAINER):
                 raise TemplateConflict(
-                    f"spec.template.spec.{key}[{index}].name",
+                    f"{template_field}.spec.{key}[{index}].name",
                     f"{container.get('name')!r} is the name of the container the controller "
                     "injects",
                 )
     for index, volume in enumerate(spec.get("volumes") or []):
         if volume.get("name") in (AGENT_VOLUME, AGENT_TOKEN_VOLUME, ARRIVAL_TOKEN_VOLUME):
             raise TemplateConflict(
-                f"spec.template.spec.volumes[{index}].name",
+                f"{template_field}.spec.volumes[{index}].name",
                 f"{volume.get('name')!r} is the name of a volume the controller injects",
             )
     for index, mount in enumerate(trainer.get("volumeMounts") or []):

@@ -48,18 +48,19 @@ def force_delete_lost(p: Pass) -> bool:
 
 
 def to_recreate(p: Pass, restarting: list[Decision]) -> set[int]:
-    """Ranks created anew by a restart: all in `Recreate` mode; else those the policy recreates,
-    those whose pod is gone, and those that cannot restart in place."""
-    replicas = p.job.spec.replicas
+    """Workers created anew by a restart, of the running roles (a completed role is not run
+    again): all in `Recreate` mode; else those the policy recreates, those whose pod is gone,
+    and those that cannot restart in place."""
+    active = p.active()
     if p.effective_mode is RestartMode.RECREATE:
-        return set(range(replicas))
+        return set(active)
     ranks = {
         d.worker
         for d in restarting
         if d.action is FailureAction.RECREATE_WORKER or not d.failure.in_place
     }
-    ranks.update(rank for rank in range(replicas) if rank not in p.gang.workers)
-    ranks.update(rank for rank, pod in p.gang.live.items() if _stuck(p, pod) is not None)
+    ranks.update(rank for rank in active if rank not in p.gang.workers)
+    ranks.update(rank for rank in active if rank in p.gang.live and _stuck(p, p.gang.live[rank]))
     return ranks
 
 
@@ -82,7 +83,7 @@ def _stuck(p: Pass, pod: PodView) -> tuple[FailureClass, str] | None:
         lost = classify.node_lost(pod.node_name, p.node_of(pod))
         if lost is not None:
             return FailureClass.NODE_LOST, lost
-    trainer = pod.container(p.job.spec.trainer_container_name)
+    trainer = pod.container(p.job.spec.role_of(pod.rank or 0).trainer_container_name)
     if p.effective_mode is RestartMode.PROCESS and trainer and trainer.state == "terminated":
         return FailureClass.PROCESS_EXIT, f"container {trainer.name} (the agent) terminated"
     return None
@@ -94,7 +95,7 @@ def delete_recreated(p: Pass) -> bool:
     last = p.last_restart
     if last is None or last.epoch != p.epoch:
         return False
-    for rank in last.recreated_ranks(p.job.spec.replicas):
+    for rank in last.recreated_ranks(len(p.job.spec.workers)):
         pod = p.gang.live.get(rank)
         # The pod created for the restart is at its epoch; any older one is to go.
         if pod is not None and (pod.created_epoch is None or pod.created_epoch < p.epoch):
@@ -110,8 +111,10 @@ def recreate_laggards(p: Pass) -> bool:
         return False
     last = p.last_restart if p.last_restart and p.last_restart.epoch == p.epoch else None
     timeout = p.job.spec.restart.barrier_timeout_seconds
-    for rank, pod in sorted(p.staying().items()):
-        if pod.arrived_epoch == p.epoch:
+    staying = p.staying()
+    for rank in p.active():
+        pod = staying.get(rank)
+        if pod is None or pod.arrived_epoch == p.epoch:
             continue
         failure: classify.Failure | None = None
         stuck = None if at_epoch(pod, p.epoch) else _stuck(p, pod)
@@ -140,7 +143,7 @@ def _recreate_worker(
     if last is None or last.recreated_all or rank in last.recreated:
         return
     p.last_restart = last.model_copy(
-        update=recreated_fields({*last.recreated, rank}, p.job.spec.replicas)
+        update=recreated_fields({*last.recreated, rank}, len(p.job.spec.workers))
     )
     r = p.restarts
     p.restarts = r.model_copy(update={"recreated_workers": r.recreated_workers + 1})

@@ -83,7 +83,7 @@ def bump(p: Pass, trigger: RestartTrigger, restarting: list[Decision], counted: 
         trigger=trigger,
         detected_at=p.now,
         counted=counted or None,
-        **recreate.recreated_fields(recreated, p.job.spec.replicas),
+        **recreate.recreated_fields(recreated, len(p.job.spec.workers)),
     )
     if p.last_restart is not None and p.last_restart.barrier_open_at is None:
         # Superseded before its barrier opened: the history keeps it, unfinished.
@@ -101,7 +101,7 @@ def bump(p: Pass, trigger: RestartTrigger, restarting: list[Decision], counted: 
         f"{trigger.failure_class}: {detail}"
     )
     if recreated:
-        message += f"; recreating {recreate.ranks_text(recreated, p.job.spec.replicas)}"
+        message += f"; recreating {recreate.ranks_text(recreated, len(p.job.spec.workers))}"
     p.phase = Phase.RESTARTING
     p.set_condition(ConditionType.RESTARTING, ConditionStatus.TRUE, trigger.failure_class, message)
     p.events.append(EventSpec("Warning", REASON_GANG_RESTARTING, message))
@@ -110,15 +110,17 @@ def bump(p: Pass, trigger: RestartTrigger, restarting: list[Decision], counted: 
 
 
 def barrier(p: Pass) -> bool:
-    """The barrier of `status.epoch` opens once every worker has arrived at it: all ranks
-    present, none terminating or being deleted, each arrived at exactly the epoch; never over a
-    failure that waits for its restart."""
+    """The barrier of `status.epoch` opens once every worker of the running roles has arrived
+    at it (one barrier for all roles): all present, none terminating or being deleted, each
+    arrived at exactly the epoch; never over a failure that waits for its restart. Completed
+    roles' workers are done and waiting roles' not created: neither is waited for."""
     if p.barrier_epoch == p.epoch or p.pending_failure:
         return False
     staying = p.staying()
-    if len(staying) < p.job.spec.replicas:
+    active = p.active()
+    if not active or any(w not in staying for w in active):
         return False
-    if any(pod.arrived_epoch != p.epoch for pod in staying.values()):
+    if any(staying[w].arrived_epoch != p.epoch for w in active):
         return False
     p.barrier_epoch = p.epoch
     p.barrier_opened_at = p.now

@@ -2,11 +2,13 @@
 the gang is placed all-or-nothing (`spec.scheduling.gang`, the `GangScheduling` condition), the
 Workload and PodGroup that ask for it, and the link from every worker pod to the PodGroup.
 
-The whole gang is one PodGroup whose gang policy's `minCount` is `spec.replicas`: the
+The whole gang is one PodGroup whose gang policy's `minCount` is its number of workers (every
+role's), when all its roles start together; a job whose roles start in order (`dependsOn`) is
+never whole at once and is scheduled one by one. The
 scheduler's GangScheduling plugin holds every worker at Permit until `minCount` of the group's
 pods are assumed or bound, then lets them bind together. Bound pods count towards the quorum,
 so a worker recreated after node loss joins the same PodGroup and is scheduled at once beside
-the `replicas - 1` that still run (docs/scheduling.md).
+the `N - 1` that still run (docs/scheduling.md).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from api.constants import (
     LABEL_NAME,
     REASON_GANG_NOT_SERVED,
     REASON_GANG_OFF,
+    REASON_GANG_ORDERED,
     REASON_GANG_POD_GROUP,
     REASON_GANG_UNLINKED,
     ConditionType,
@@ -33,20 +36,25 @@ POD_GROUP_TEMPLATE: Final = "workers"
 """The Workload's one PodGroupTemplate: every worker of the gang."""
 
 
+def gang_size(job: GangJob) -> int:
+    """The workers of every role: the PodGroup's quorum."""
+    return len(job.spec.workers)
+
+
 def pod_group_name(job: GangJob) -> str:
-    """`<job>-of-<replicas>`, and the Workload's name too. The size is in the name because both
+    """`<job>-of-<workers>`, and the Workload's name too. The size is in the name because both
     are immutable, with `minCount` in them: a gang resized gets new ones, and its workers still
     linked to the old ones keep new workers out of the new (see `gang_scheduling`)."""
-    return f"{job.metadata.name}-of-{job.spec.replicas}"
+    return f"{job.metadata.name}-of-{gang_size(job)}"
 
 
 def gang_policy(job: GangJob) -> dict[str, Any]:
     """All-or-nothing for the whole gang."""
-    return {"gang": {"minCount": job.spec.replicas}}
+    return {"gang": {"minCount": gang_size(job)}}
 
 
 def build_workload(job: GangJob) -> dict[str, Any]:
-    """The Workload `<job>-of-<replicas>`: one PodGroupTemplate with the gang policy, owned by
+    """The Workload `<job>-of-<workers>`: one PodGroupTemplate with the gang policy, owned by
     the GangJob. Its templates are immutable; the PodGroup copies the policy from it."""
     name = job.metadata.name
     return {
@@ -68,7 +76,7 @@ def build_workload(job: GangJob) -> dict[str, Any]:
 
 
 def build_pod_group(job: GangJob) -> dict[str, Any]:
-    """The PodGroup `<job>-of-<replicas>` made from the Workload's template, owned by the
+    """The PodGroup `<job>-of-<workers>` made from the Workload's template, owned by the
     GangJob. The apiserver refuses it (admission `PodGroupWorkloadExists`) until the Workload
     exists."""
     name = job.metadata.name
@@ -123,6 +131,12 @@ def gang_scheduling(p: Pass) -> bool:
             f"The cluster does not serve {SCHEDULING_API_VERSION} PodGroups (feature gate "
             "GenericWorkload): workers are scheduled one by one"
         )
+    elif any(role.depends_on for role in p.job.spec.effective_roles):
+        status, reason = ConditionStatus.FALSE, REASON_GANG_ORDERED
+        message = (
+            "Roles start in order (dependsOn), so the gang is never whole at once: workers are "
+            "scheduled one by one"
+        )
     elif unlinked:
         status, reason = ConditionStatus.FALSE, REASON_GANG_UNLINKED
         message = (
@@ -133,7 +147,7 @@ def gang_scheduling(p: Pass) -> bool:
         status, reason = ConditionStatus.TRUE, REASON_GANG_POD_GROUP
         message = (
             f"Workers are placed all-or-nothing through PodGroup {group} "
-            f"(minCount {p.job.spec.replicas})"
+            f"(minCount {gang_size(p.job)})"
         )
         if p.create_pods:
             p.create_workload = build_workload(p.job)

@@ -59,7 +59,7 @@ def test_each_keyword_lands_where_the_api_reads_it() -> None:
     assert job.spec.node_loss.force_delete_after_seconds == 0
     assert job.spec.failure_policy.rules[0].action is FailureAction.FAIL_JOB
     assert job.spec.trainer_container_name == "trainer"
-    template = job.spec.template
+    template = job.spec.effective_roles[0].template
     assert template["metadata"]["labels"] == {"app": "llama"}
     assert template["spec"]["nodeSelector"] == {"gpu": "true"}
     assert template["spec"]["terminationGracePeriodSeconds"] == 5

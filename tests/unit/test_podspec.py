@@ -66,7 +66,13 @@ def test_worker_pod() -> None:
     assert (pod["apiVersion"], pod["kind"]) == ("v1", "Pod")
     assert meta["name"] == pod_name(JOB_NAME, 2) == "llama-2"
     assert meta["namespace"] == NAMESPACE
-    assert meta["labels"] == {"team": "ml", "gangjob.io/name": JOB_NAME, "gangjob.io/rank": "2"}
+    assert meta["labels"] == {
+        "team": "ml",
+        "gangjob.io/name": JOB_NAME,
+        "gangjob.io/rank": "2",
+        "gangjob.io/role": "worker",
+        "gangjob.io/role-index": "2",
+    }
     assert meta["annotations"] == {"note": "x", "gangjob.io/created-epoch": "3"}
     assert meta["ownerReferences"] == [OWNER]
     spec = pod["spec"]
@@ -82,6 +88,9 @@ def test_worker_pod() -> None:
         {"name": "WORLD_SIZE", "value": "4"},
         {"name": "RANK", "value": "2"},
         {"name": "GANGJOB_NAME", "value": JOB_NAME},
+        {"name": "GANGJOB_ROLE", "value": "worker"},
+        {"name": "GANGJOB_ROLE_INDEX", "value": "2"},
+        {"name": "GANGJOB_ROLE_REPLICAS", "value": "4"},
         {"name": "PET_NNODES", "value": "4"},
         {"name": "PET_NODE_RANK", "value": "2"},
         {"name": "PET_NPROC_PER_NODE", "value": "1"},
@@ -121,14 +130,14 @@ def test_trainer_container_named() -> None:
 def test_restart_policy_is_the_controllers(mode: RestartMode) -> None:
     """The CRD says so: restarts are the gang's business, not the kubelet's."""
     job = make_job(restart={"mode": mode})
-    job.spec.template["spec"]["restartPolicy"] = "OnFailure"
+    job.spec.effective_roles[0].template["spec"]["restartPolicy"] = "OnFailure"
     assert build_pod(job, 0, AGENT)["spec"]["restartPolicy"] == "Never"
 
 
 def test_protocol_annotations_of_the_template_are_dropped() -> None:
     """A template cannot make a fresh worker look arrived or report a fake exit."""
     job = make_job()
-    job.spec.template["metadata"]["annotations"] = {
+    job.spec.effective_roles[0].template["metadata"]["annotations"] = {
         "gangjob.io/epoch": "5",
         "gangjob.io/exit": "5:1",
         "gangjob.io/created-epoch": "5",
@@ -142,9 +151,17 @@ def test_protocol_annotations_of_the_template_are_dropped() -> None:
 
 def test_controller_labels_win() -> None:
     job = make_job()
-    job.spec.template["metadata"]["labels"] = {"gangjob.io/rank": "7", "gangjob.io/name": "x"}
+    job.spec.effective_roles[0].template["metadata"]["labels"] = {
+        "gangjob.io/rank": "7",
+        "gangjob.io/name": "x",
+    }
     labels = build_pod(job, 0, AGENT)["metadata"]["labels"]
-    assert labels == {"gangjob.io/name": JOB_NAME, "gangjob.io/rank": "0"}
+    assert labels == {
+        "gangjob.io/name": JOB_NAME,
+        "gangjob.io/rank": "0",
+        "gangjob.io/role": "worker",
+        "gangjob.io/role-index": "0",
+    }
 
 
 def test_pods_share_nothing_with_the_template() -> None:
@@ -157,14 +174,19 @@ def test_pods_share_nothing_with_the_template() -> None:
     assert second["spec"]["containers"][0]["image"] == "trainer:1"
     assert second["spec"]["initContainers"][0]["env"][0]["value"] == JOB_NAME
     assert second["spec"]["containers"][0]["restartPolicyRules"][0]["exitCodes"]["values"] == [0]
-    assert job.spec.template == TEMPLATE
+    assert job.spec.effective_roles[0].template == TEMPLATE
 
 
 def test_template_without_metadata() -> None:
     job = make_job()
-    del job.spec.template["metadata"]
+    del job.spec.effective_roles[0].template["metadata"]
     pod = build_pod(job, 0, AGENT)
-    assert pod["metadata"]["labels"] == {"gangjob.io/name": JOB_NAME, "gangjob.io/rank": "0"}
+    assert pod["metadata"]["labels"] == {
+        "gangjob.io/name": JOB_NAME,
+        "gangjob.io/rank": "0",
+        "gangjob.io/role": "worker",
+        "gangjob.io/role-index": "0",
+    }
 
 
 def test_a_job_without_uid_cannot_own_pods() -> None:
@@ -440,7 +462,7 @@ def test_trainer_rule_matches_exactly_the_retriable_codes(rules: list[Any]) -> N
 
 def test_process_mode_wraps_the_trainer_command() -> None:
     job = make_job(restart={"mode": "Process"})
-    job.spec.template["spec"]["containers"][0]["args"] = ["--lr", "$(LR)"]
+    job.spec.effective_roles[0].template["spec"]["containers"][0]["args"] = ["--lr", "$(LR)"]
     spec = spec_of(job)
     trainer = container(spec, "trainer")
     assert trainer["command"] == [
@@ -471,6 +493,9 @@ def test_process_mode_wraps_the_trainer_command() -> None:
         "MASTER_PORT",
         "WORLD_SIZE",
         "RANK",
+        "GANGJOB_ROLE",
+        "GANGJOB_ROLE_INDEX",
+        "GANGJOB_ROLE_REPLICAS",
         "PET_NNODES",
         "PET_NODE_RANK",
         "PET_NPROC_PER_NODE",
@@ -559,7 +584,7 @@ USER_SPEC: dict[str, Any] = {
 @pytest.mark.parametrize("mode", list(RestartMode))
 def test_the_users_template_is_kept(mode: RestartMode) -> None:
     job = make_job(restart={"mode": mode})
-    job.spec.template["spec"] = copy.deepcopy(USER_SPEC)
+    job.spec.effective_roles[0].template["spec"] = copy.deepcopy(USER_SPEC)
     spec = spec_of(job)
     assert spec["serviceAccountName"] == "mine"
     assert spec["tolerations"] == USER_SPEC["tolerations"]
@@ -574,7 +599,7 @@ def test_the_users_template_is_kept(mode: RestartMode) -> None:
         assert trainer[key] == user_trainer[key]
     assert trainer["volumeMounts"][0] == user_trainer["volumeMounts"][0]
     assert trainer["env"][-1] == {"name": "LR", "value": "0.1"}
-    assert job.spec.template["spec"] == USER_SPEC
+    assert job.spec.effective_roles[0].template["spec"] == USER_SPEC
 
 
 @pytest.mark.parametrize("mode", list(RestartMode))
@@ -626,7 +651,7 @@ def test_the_users_template_is_kept(mode: RestartMode) -> None:
 )
 def test_template_conflicts(mode: RestartMode, change: Any, field: str) -> None:
     job = make_job(restart={"mode": mode})
-    change(job.spec.template["spec"])
+    change(job.spec.effective_roles[0].template["spec"])
     with pytest.raises(TemplateConflict) as caught:
         build_pod(job, 0, AGENT)
     assert caught.value.field == field
@@ -635,7 +660,7 @@ def test_template_conflicts(mode: RestartMode, change: Any, field: str) -> None:
 
 def test_a_trainer_restart_policy_of_never_is_fine() -> None:
     job = make_job()
-    job.spec.template["spec"]["containers"][0]["restartPolicy"] = "Never"
+    job.spec.effective_roles[0].template["spec"]["containers"][0]["restartPolicy"] = "Never"
     assert container(spec_of(job), "trainer")["restartPolicy"] == "Never"
 
 
@@ -646,7 +671,7 @@ def guaranteed(cpu: str, memory: str) -> dict[str, Any]:
 @pytest.mark.parametrize("mode", list(RestartMode))
 def test_a_guaranteed_pod_stays_guaranteed(mode: RestartMode) -> None:
     job = make_job(restart={"mode": mode})
-    containers = job.spec.template["spec"]["containers"]
+    containers = job.spec.effective_roles[0].template["spec"]["containers"]
     containers[0]["resources"] = {
         "requests": {"cpu": "8", "memory": "64Gi"},
         "limits": {"cpu": "8000m", "memory": "64Gi", "nvidia.com/gpu": "8"},
@@ -671,7 +696,7 @@ def test_a_guaranteed_pod_stays_guaranteed(mode: RestartMode) -> None:
 )
 def test_a_burstable_pod_gets_no_agent_limits(resources: dict[str, Any] | None) -> None:
     job = make_job()
-    containers = job.spec.template["spec"]["containers"]
+    containers = job.spec.effective_roles[0].template["spec"]["containers"]
     containers[1]["resources"] = guaranteed("1", "1Gi")
     if resources is not None:
         containers[0]["resources"] = resources
@@ -681,7 +706,7 @@ def test_a_burstable_pod_gets_no_agent_limits(resources: dict[str, Any] | None) 
 
 def test_pod_level_resources_leave_the_agent_within_them() -> None:
     job = make_job()
-    job.spec.template["spec"]["resources"] = guaranteed("8", "64Gi")
+    job.spec.effective_roles[0].template["spec"]["resources"] = guaranteed("8", "64Gi")
     (ours,) = spec_of(job)["initContainers"]
     assert "resources" not in ours
 
@@ -696,7 +721,7 @@ TOKEN_MOUNT = {
 @pytest.mark.parametrize("mode", list(RestartMode))
 def test_no_automounted_token_gives_the_agent_its_own(mode: RestartMode) -> None:
     job = make_job(restart={"mode": mode})
-    job.spec.template["spec"]["automountServiceAccountToken"] = False
+    job.spec.effective_roles[0].template["spec"]["automountServiceAccountToken"] = False
     spec = spec_of(job)
     assert spec["automountServiceAccountToken"] is False
     (token,) = [v for v in spec["volumes"] if v["name"] == "gangjob-token"]

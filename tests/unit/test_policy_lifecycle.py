@@ -119,7 +119,7 @@ def test_a_job_being_deleted_gets_nothing_new() -> None:
 
 def test_an_invalid_template_is_reported_once_and_creates_nothing() -> None:
     observed = new_gang([make_node()], restart={"mode": "Process"})
-    del observed.job.spec.template["spec"]["containers"][0]["command"]
+    del observed.job.spec.effective_roles[0].template["spec"]["containers"][0]["command"]
     result = plan(observed)
     assert result.create_pods == []
     ready = condition(result, ConditionType.READY)

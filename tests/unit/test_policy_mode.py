@@ -75,7 +75,7 @@ def test_process_mode_when_no_ready_node_declares_the_feature() -> None:
 def test_recreate_mode_when_process_mode_cannot_wrap_the_trainer() -> None:
     observed = new_gang([make_node(features=())])
     job = observed.job
-    template = job.spec.template
+    template = job.spec.effective_roles[0].template
     del template["spec"]["containers"][0]["command"]
     result = plan(observed)
     assert result.status.mode is RestartMode.RECREATE

@@ -10,12 +10,13 @@ import dataclasses
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from api.builders import gangjob, role
 from api.constants import ConditionType
-from api.v1alpha1 import GangJobStatus
+from api.v1alpha1 import GangJob, GangJobStatus, parse_gangjob
 from controller.policy.plan import EventSpec, Observed, PlanConfig, plan
 from controller.policy.scheduling import build_pod_group, build_workload, pod_group_name
 from controller.policy.views import PodView
-from tests.unit.builders import JOB_NAME, JOB_UID, make_job, make_node
+from tests.unit.builders import JOB_NAME, JOB_UID, NAMESPACE, TEMPLATE, make_job, make_node
 from tests.unit.gangs import carry_out, condition, gang, names, observe, worker
 from tests.unit.test_plan import worlds
 
@@ -183,3 +184,31 @@ def test_gang_scheduling_is_idempotent_and_links_all_new_workers_or_none(
     second = plan(carry_out(observed, first), config)
     assert second.events == []
     assert second.status == first.status
+
+
+def test_roles_that_start_in_order_are_not_gang_scheduled() -> None:
+    """A role that waits for another (`dependsOn`) makes the gang never whole at once: a
+    PodGroup of all its workers would hold the first role's pods for ever."""
+
+    def job(depends: bool) -> GangJob:
+        roles = [
+            role("init", 1, TEMPLATE, ranked=False),
+            role("worker", 2, TEMPLATE, depends_on=[("init", "Complete")] if depends else []),
+        ]
+        body = gangjob(JOB_NAME, None, namespace=NAMESPACE, spec={"roles": roles})
+        body["metadata"].update(uid=JOB_UID, generation=1)
+        return parse_gangjob(body)
+
+    ordered = plan(observe(job(True)), SERVED)
+    assert ordered.create_workload is None
+    assert ordered.create_pod_group is None
+    assert [p["spec"].get("schedulingGroup") for p in ordered.create_pods] == [None]
+    held = condition(ordered, ConditionType.GANG_SCHEDULING)
+    assert held is not None
+    assert held[:2] == ("False", "RolesStartInOrder")
+    together = plan(observe(job(False)), SERVED)
+    assert together.create_pod_group is not None
+    assert together.create_pod_group["spec"]["schedulingPolicy"] == {"gang": {"minCount": 3}}
+    assert {p["spec"]["schedulingGroup"]["podGroupName"] for p in together.create_pods} == {
+        f"{JOB_NAME}-of-3"
+    }

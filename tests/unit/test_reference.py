@@ -26,6 +26,7 @@ def test_every_spec_and_status_field_is_documented_with_its_description() -> Non
         "### `spec.failurePolicy.rules[]`",
         "### `status.lastRestart`",
         "`barrierEpoch`",
-        "Gang size: the number of workers (ranks).",
+        "Gang size: the number of workers (ranks), for a job of one role.",
+        "### `spec.roles[]`",
     ):
         assert needle in text, needle
