@@ -76,6 +76,10 @@ KUEUE_POD_GROUP_NAME_LABEL: Final = "kueue.x-k8s.io/pod-group-name"
 """On a worker: its Kueue pod group, the GangJob's name (Kueue's Workload has that name)."""
 KUEUE_POD_GROUP_TOTAL_COUNT_ANNOTATION: Final = "kueue.x-k8s.io/pod-group-total-count"
 """On a worker: how many pods the group has, `spec.replicas`."""
+KUEUE_POD_FINALIZER: Final = "kueue.x-k8s.io/managed"
+"""Kueue's finalizer on a pod-group member. Kueue lifts it from a Failed or deleted member only
+once it sees the member's replacement; ours has the same name and cannot exist before the old
+pod is gone, so the controller lifts it from the workers it deletes."""
 
 # --- condition and Event reasons (CamelCase) ------------------------------------------------------
 REASON_WORKERS_READY: Final = "AllWorkersReady"

@@ -22,9 +22,27 @@ from typing import Final
 
 from controller.policy import failure, lifecycle, mode, recreate, restart, scheduling, success
 from controller.policy.gang import arrived_by_barrier, sort_pods
-from controller.policy.passstate import EventSpec, Observed, Pass, Plan, PlanConfig, PodDelete
+from controller.policy.passstate import (
+    EventSpec,
+    FinalizerRelease,
+    Observed,
+    Pass,
+    Plan,
+    PlanConfig,
+    PodDelete,
+)
 
-__all__ = ["STEPS", "EventSpec", "Observed", "Plan", "PlanConfig", "PlanStep", "PodDelete", "plan"]
+__all__ = [
+    "STEPS",
+    "EventSpec",
+    "FinalizerRelease",
+    "Observed",
+    "Plan",
+    "PlanConfig",
+    "PlanStep",
+    "PodDelete",
+    "plan",
+]
 
 PlanStep = Callable[[Pass], bool]
 """A step of the pass: adds to it, and returns True to end the pass."""
@@ -33,6 +51,7 @@ STEPS: Final[tuple[PlanStep, ...]] = (
     lifecycle.stop_if_job_deleted,
     lifecycle.delete_strays,
     recreate.force_delete_lost,
+    recreate.release_kueue_finalizer,
     lifecycle.finished,
     lifecycle.suspend,
     mode.choose_mode,
