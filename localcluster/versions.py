@@ -14,6 +14,7 @@ KUBERNETES_COMMIT = "24e2b02af5543d7910c2bb074c7264df5a8f0467"
 ETCD_VERSION = "v3.6.8"  # the etcd server that k8s.io/kubernetes v1.36.2 itself requires
 KWOK_VERSION = "v0.8.0"
 JOBSET_VERSION = "v0.12.0"  # the scale benchmark's peer (localcluster.jobset)
+KUEUE_VERSION = "v0.15.0"  # GangJob quota (localcluster.kueue); proxy refuses v0.17.7, v0.20.0
 GO_MAJOR_MINOR = "go1.26"  # Go 1.27 switches encoding/json to v2, which breaks /openapi/v3
 
 KUBERNETES_BINARIES = (
