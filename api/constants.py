@@ -100,6 +100,19 @@ class ConditionType(StrEnum):
     """True: kube-scheduler places the workers all-or-nothing (KEP-4671 PodGroup)."""
 
 
+# Kueue's pod-group integration (sigs.k8s.io/kueue): a GangJob labelled with a queue name has
+# its workers admitted by Kueue as one pod group (controller/policy/kueue.py).
+KUEUE_QUEUE_NAME_LABEL: Final = "kueue.x-k8s.io/queue-name"
+"""On a GangJob: the LocalQueue that admits it; copied onto its workers."""
+KUEUE_POD_GROUP_NAME_LABEL: Final = "kueue.x-k8s.io/pod-group-name"
+"""On a worker: its Kueue pod group, the GangJob's name (Kueue's Workload has that name)."""
+KUEUE_POD_GROUP_TOTAL_COUNT_ANNOTATION: Final = "kueue.x-k8s.io/pod-group-total-count"
+"""On a worker: how many pods the group has, `spec.replicas`."""
+KUEUE_POD_FINALIZER: Final = "kueue.x-k8s.io/managed"
+"""Kueue's finalizer on a pod-group member. Kueue lifts it from a Failed or deleted member only
+once it sees the member's replacement; ours has the same name and cannot exist before the old
+pod is gone, so the controller lifts it from the workers it deletes."""
+
 # --- condition and Event reasons (CamelCase) ------------------------------------------------------
 REASON_WORKERS_READY: Final = "AllWorkersReady"
 REASON_WORKERS_NOT_READY: Final = "WorkersNotReady"

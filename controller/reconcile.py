@@ -40,7 +40,15 @@ from controller.k8s import (
     ResourceKind,
 )
 from controller.k8s.store import BY_GANGJOB, Store
-from controller.policy.plan import EventSpec, Observed, Plan, PlanConfig, PodDelete, plan
+from controller.policy.plan import (
+    EventSpec,
+    FinalizerRelease,
+    Observed,
+    Plan,
+    PlanConfig,
+    PodDelete,
+    plan,
+)
 from controller.policy.views import NodeView, PodView
 from controller.runtime import metrics, tracing
 from controller.runtime.clock import utcnow
@@ -246,6 +254,8 @@ class Reconciler:
             # between pods does not matter.
             deleted = await asyncio.gather(*(self._delete_pod(ns, d) for d in decided.delete_pods))
             out.deleted = sum(deleted)
+        for release in decided.release_finalizers:
+            await self._release_finalizer(ns, release)
         if decided.create_workload is not None:
             await self._ensure_owned(WORKLOADS, decided.create_workload, job)
         if decided.create_pod_group is not None:
@@ -369,6 +379,16 @@ class Reconciler:
             return True
         except (NotFound, Conflict):
             return False  # gone already, or a newer pod of that name: nothing of ours to delete
+
+    async def _release_finalizer(self, ns: str, r: FinalizerRelease) -> None:
+        """Conditional on the resourceVersion observed: if the pod moved on, the change
+        triggers the next pass, which decides again."""
+        body = {"metadata": {"resourceVersion": r.resource_version, "finalizers": list(r.kept)}}
+        try:
+            await self.kube.patch(PODS, r.name, body, ns)
+            log.info("released pod %s/%s to deletion (finalizers now %s)", ns, r.name, r.kept)
+        except (NotFound, Conflict):
+            return
 
     async def _write_status(
         self, job: GangJob, obj: JsonDict, status: GangJobStatus

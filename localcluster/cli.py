@@ -8,7 +8,7 @@ import os
 import sys
 
 from localcluster import build as buildmod
-from localcluster import helm, jobset
+from localcluster import helm, jobset, kueue
 from localcluster import node as nodemod
 from localcluster.cluster import Cluster, Options, known_clusters
 from localcluster.handle import ClusterError
@@ -36,6 +36,9 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--force", action="store_true", help="rebuild even what is cached")
     b.add_argument("--jobset", action="store_true", help="also build JobSet, the benchmark's peer")
     b.add_argument("--helm", action="store_true", help="also build helm (the chart's tests)")
+    b.add_argument(
+        "--kueue", action="store_true", help="also build Kueue (its tests build it on first use)"
+    )
 
     u = sub.add_parser("up", help="start a cluster (prints KUBECONFIG=<path> last)")
     u.add_argument("--profile", choices=["sim", "node"], default="sim")
@@ -100,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.helm:
                 path = helm.ensure_built(sys.stderr)
                 print(f"{'helm':24} {helm.binary_path().parent.name:8} {path}")
+            if args.kueue:
+                path = kueue.ensure_built(sys.stderr, force=args.force)
+                print(f"{'kueue-manager':24} {kueue.binary_path().parent.name:8} {path}")
             return 0
         if args.cmd == "up":
             cluster = Cluster(args.name or args.profile)

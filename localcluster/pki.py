@@ -111,6 +111,17 @@ def ensure_pki(
         _openssl("rsa", "-in", str(d / "sa.key"), "-pubout", "-out", str(d / "sa.pub"))
 
 
+def ensure_webhook_pki(d: Path, stem: str) -> None:
+    """A serving certificate ``<stem>.crt``/``.key`` for an admission webhook that runs on the
+    host, at 127.0.0.1, signed by the webhook CA ``webhook-ca.crt`` (idempotent). A CA of its
+    own, not the cluster's: the apiserver trusts it only through the webhook configurations'
+    ``caBundle``, and it can sign nothing the cluster's components would accept."""
+    d.mkdir(parents=True, exist_ok=True)
+    _ca(d, "webhook-ca", "gangjob-local-webhook-ca")
+    _leaf(d, "webhook-ca", stem, f"{stem}.localcluster", sans=["IP:127.0.0.1", "DNS:localhost"],
+          server=True)  # fmt: skip
+
+
 def cert_sans(crt: Path) -> set[str]:
     """The subject alternative names of a certificate, as openssl's config spells them."""
     res = subprocess.run(

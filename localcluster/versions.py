@@ -15,6 +15,7 @@ ETCD_VERSION = "v3.6.8"  # the etcd server that k8s.io/kubernetes v1.36.2 itself
 KWOK_VERSION = "v0.8.0"
 JOBSET_VERSION = "v0.12.0"  # the scale benchmark's peer (localcluster.jobset)
 HELM_VERSION = "v3.20.0"  # renders and installs charts/gangjob in tests (localcluster.helm)
+KUEUE_VERSION = "v0.15.0"  # GangJob quota (localcluster.kueue); proxy refuses v0.17.7, v0.20.0
 GO_MAJOR_MINOR = "go1.26"  # Go 1.27 switches encoding/json to v2, which breaks /openapi/v3
 
 KUBERNETES_BINARIES = (

@@ -74,6 +74,17 @@ class PodDelete:
 
 
 @dataclass(frozen=True)
+class FinalizerRelease:
+    """Set the finalizers of pod `name` to `kept`, on condition that it is still at
+    `resource_version` (a merge patch replaces the whole list; a same-named successor, or a
+    finalizer added meanwhile, is never hit)."""
+
+    name: str
+    resource_version: str
+    kept: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class EventSpec:
     """An Event on the GangJob, emitted once the status write succeeded."""
 
@@ -109,6 +120,8 @@ class Plan:
     create_pod_group: dict[str, Any] | None = None
     """Gang scheduling (controller.policy.scheduling): created, Workload first, before the
     pods; either may exist already."""
+    release_finalizers: list[FinalizerRelease] = field(default_factory=list)
+    """Finalizers of other controllers lifted from pods being deleted (Kueue's)."""
 
 
 @dataclass(frozen=True)
@@ -144,6 +157,7 @@ class Pass:
     create_workload: dict[str, Any] | None = None
     create_pod_group: dict[str, Any] | None = None
     delete_pods: dict[str, PodDelete] = field(default_factory=dict)
+    release_finalizers: list[FinalizerRelease] = field(default_factory=list)
     events: list[EventSpec] = field(default_factory=list)
     delete_job: bool = False
     requeue_after: float | None = None
@@ -270,6 +284,7 @@ class Pass:
             failures=self.acted,
             create_workload=self.create_workload,
             create_pod_group=self.create_pod_group,
+            release_finalizers=self.release_finalizers,
         )
 
 

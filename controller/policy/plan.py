@@ -34,6 +34,7 @@ from controller.policy import (
 from controller.policy.gang import arrived_by_barrier, sort_pods
 from controller.policy.passstate import (
     EventSpec,
+    FinalizerRelease,
     Observed,
     Pass,
     Plan,
@@ -42,7 +43,17 @@ from controller.policy.passstate import (
     RoleProgress,
 )
 
-__all__ = ["STEPS", "EventSpec", "Observed", "Plan", "PlanConfig", "PlanStep", "PodDelete", "plan"]
+__all__ = [
+    "STEPS",
+    "EventSpec",
+    "FinalizerRelease",
+    "Observed",
+    "Plan",
+    "PlanConfig",
+    "PlanStep",
+    "PodDelete",
+    "plan",
+]
 
 PlanStep = Callable[[Pass], bool]
 """A step of the pass: adds to it, and returns True to end the pass."""
@@ -51,6 +62,7 @@ STEPS: Final[tuple[PlanStep, ...]] = (
     lifecycle.stop_if_job_deleted,
     lifecycle.delete_strays,
     recreate.force_delete_lost,
+    recreate.release_kueue_finalizer,
     lifecycle.finished,
     lifecycle.suspend,
     mode.choose_mode,

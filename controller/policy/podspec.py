@@ -56,6 +56,7 @@ from api.constants import (
     WRAPPED_ZIPAPP,
 )
 from api.v1alpha1 import GangJob, RestartMode, Role, WorkerSlot
+from controller.policy import kueue
 from controller.policy.classify import retriable_exit_codes
 from controller.policy.torchrun import nproc_per_node, torchrun_env
 from controller.policy.views import parse_quantity
@@ -216,10 +217,11 @@ def build_pod(
     The template's labels and annotations are kept; the controller's labels (job, worker
     number, role, index in the role) win over same-named ones. The pod records the
     `status.epoch` it is created at (`gangjob.io/created-epoch`); `gangjob.io/epoch` is left to
-    the agent, which writes it when the worker arrives. `restartPolicy` is `Never` whatever the
-    template says: restarts are the gang's business (the CRD documents that the controller sets
-    it). Raises `PodSpecError` when the template cannot be shaped for the restart mode in
-    effect.
+    the agent, which writes it when the worker arrives. A GangJob labelled with a Kueue queue
+    makes its workers one Kueue pod group (controller/policy/kueue.py). `restartPolicy` is
+    `Never` whatever the template says: restarts are the gang's business (the CRD documents
+    that the controller sets it). Raises `PodSpecError` when the template cannot be shaped for
+    the restart mode in effect.
     """
     name = job.metadata.name
     slot = job.spec.workers[worker]
@@ -242,6 +244,9 @@ def build_pod(
         if key not in _PROTOCOL_ANNOTATIONS
     }
     annotations[ANNOTATION_CREATED_EPOCH] = str(job.status.epoch)
+    kueue_labels, kueue_annotations = kueue.pod_group_metadata(job)
+    labels.update(kueue_labels)
+    annotations.update(kueue_annotations)
 
     pod_name_ = worker_pod_name(job, worker)
     spec["hostname"] = pod_name_

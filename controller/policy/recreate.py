@@ -8,12 +8,18 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any, Final
 
-from api.constants import REASON_FORCE_DELETED, REASON_WORKER_RECREATED
+from api.constants import KUEUE_POD_FINALIZER, REASON_FORCE_DELETED, REASON_WORKER_RECREATED
 from api.v1alpha1 import FailureAction, RestartMode, RestartRecord
 from controller.policy import classify
 from controller.policy.classify import Decision, FailureClass
 from controller.policy.gang import POD_TERMINAL, at_epoch
-from controller.policy.passstate import EventSpec, Pass, PodDelete, worker_text
+from controller.policy.passstate import (
+    EventSpec,
+    FinalizerRelease,
+    Pass,
+    PodDelete,
+    worker_text,
+)
 from controller.policy.views import PodView
 
 RANKS_SHOWN: Final = 10
@@ -44,6 +50,20 @@ def force_delete_lost(p: Pass) -> bool:
             )
         else:
             p.requeue((due - p.now).total_seconds())
+    return False
+
+
+def release_kueue_finalizer(p: Pass) -> bool:
+    """A pod of ours being deleted loses Kueue's finalizer (docs/scheduling.md, Kueue). Kueue
+    keeps it on a deleted or Failed member of a pod group until the member's replacement
+    exists, and ours, named `<job>-<rank>` like the old pod, cannot exist before the old pod
+    is gone: kept, the worker is never recreated. Lifted, the pod still waits for its kubelet
+    (or the force-delete protocol); the Workload stays admitted, counting one member absent,
+    and Kueue ungates the replacement as a member of it."""
+    for pod in (*p.gang.workers.values(), *p.gang.strays):
+        if pod.terminating and KUEUE_POD_FINALIZER in pod.finalizers and pod.resource_version:
+            kept = tuple(f for f in pod.finalizers if f != KUEUE_POD_FINALIZER)
+            p.release_finalizers.append(FinalizerRelease(pod.name, pod.resource_version, kept))
     return False
 
 

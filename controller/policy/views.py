@@ -233,6 +233,9 @@ class PodView:
     """Pod condition type -> its `lastTransitionTime` (the kubelet's clock, whole seconds)."""
     pod_group: str | None = None
     """`spec.schedulingGroup.podGroupName`: the PodGroup (KEP-4671) the pod is scheduled in."""
+    finalizers: tuple[str, ...] = ()
+    """`metadata.finalizers`."""
+    resource_version: str | None = None
     restarted: bool = False
     """Not read from the pod: the controller's arrival book proved that the agent which reported
     `arrived_epoch` started after the pod's restart to it (controller.arrivals.book), so the
@@ -305,6 +308,8 @@ class PodView:
             has_restart_rules=_has_restart_rules(spec),
             restart_mode=annotations.get(ANNOTATION_RESTART_MODE),
             pod_group=_str_or_none(_mapping(spec.get("schedulingGroup")).get("podGroupName")),
+            finalizers=tuple(f for f in _list(metadata.get("finalizers")) if isinstance(f, str)),
+            resource_version=_str_or_none(metadata.get("resourceVersion")),
         )
 
 

@@ -115,8 +115,9 @@ async def gang(
     it); `annotation`: the controller serves none, and agents write their pods."""
     direct = request.param == "direct"
     await install_crd(sim_kube)
-    # Nodes of this test only, so losing one touches no other test.
-    names = [f"{namespace[:40]}-n{i}" for i in range(3)]
+    # Nodes of this test only (the namespace's random suffix included: two parametrizations
+    # share its first 40 characters), so losing one touches no other test.
+    names = [f"{namespace}-n{i}" for i in range(3)]
     for name in names:
         node = kwok_node(name, Options(gpus_per_node=2))
         node["metadata"]["labels"]["gangjob-test"] = namespace
