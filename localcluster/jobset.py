@@ -26,8 +26,6 @@ import copy
 import fcntl
 import json
 import shutil
-import socket
-import ssl
 import subprocess
 import sys
 import tempfile
@@ -43,6 +41,7 @@ from typing import Any, Literal, TextIO
 import yaml
 
 from localcluster import build as buildmod
+from localcluster.addons import admin_request, crd_established, free_ports
 from localcluster.handle import ClusterHandle
 from localcluster.procs import Proc, launch, stop, tail
 from localcluster.versions import JOBSET_VERSION, cache_root
@@ -185,33 +184,6 @@ def ensure_built(out: TextIO = sys.stderr, force: bool = False) -> Path:
 # ---- talking to the cluster's apiserver -----------------------------------------------------
 
 
-def _request(
-    cluster: ClusterHandle,
-    method: str,
-    path: str,
-    body: Any = None,
-    content_type: str = "application/json",
-    timeout: float = 30.0,
-) -> JsonDict:
-    """One admin request (JSON in, JSON out); `ClusterHandle.api` sends no apply patches."""
-    ctx = ssl.create_default_context(cafile=str(cluster.pki / "ca.crt"))
-    ctx.load_cert_chain(str(cluster.pki / "admin.crt"), str(cluster.pki / "admin.key"))
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(cluster.server + path, data=data, method=method)
-    req.add_header("Content-Type", content_type)
-    req.add_header("Accept", "application/json")
-    with urllib.request.urlopen(req, context=ctx, timeout=timeout) as resp:
-        out: JsonDict = json.loads(resp.read())
-    return out
-
-
-def _established(crd: JsonDict) -> bool:
-    return any(
-        c.get("type") == "Established" and c.get("status") == "True"
-        for c in (crd.get("status") or {}).get("conditions") or []
-    )
-
-
 def apply_crds(cluster: ClusterHandle, timeout: float = 60.0) -> list[str]:
     """Server-side applies JobSet's CRDs and waits until they are Established; returns their
     names. Server-side because the JobSet CRD (800 kB) is larger than the last-applied
@@ -225,7 +197,7 @@ def apply_crds(cluster: ClusterHandle, timeout: float = 60.0) -> list[str]:
                 continue
             name = doc["metadata"]["name"]
             # JSON is YAML: the apply-patch body can be the parsed document.
-            _request(
+            admin_request(
                 cluster,
                 "PATCH",
                 f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
@@ -241,8 +213,8 @@ def apply_crds(cluster: ClusterHandle, timeout: float = 60.0) -> list[str]:
         pending = [
             n
             for n in pending
-            if not _established(
-                _request(
+            if not crd_established(
+                admin_request(
                     cluster, "GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{n}"
                 )
             )
@@ -274,16 +246,6 @@ def keeps_pods_running(cluster: ClusterHandle) -> bool:
 
 
 # ---- the controller process -----------------------------------------------------------------
-
-
-def _free_ports(n: int) -> list[int]:
-    """`n` distinct loopback ports nobody listens on now (the controller binds them a moment
-    later). Held open together, so the kernel cannot hand out the same one twice."""
-    with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in socks]
 
 
 def _self_signed(cert_dir: Path) -> None:
@@ -409,7 +371,7 @@ def start_controller(
         cert_dir = workdir / "certs"
         cert_dir.mkdir()
         _self_signed(cert_dir)
-        webhook_port, metrics_port, health_port = _free_ports(3)
+        webhook_port, metrics_port, health_port = free_ports(3)
         config = workdir / "config.yaml"
         config.write_text(
             yaml.safe_dump(

@@ -45,8 +45,8 @@ import yaml
 
 from localcluster import build as buildmod
 from localcluster import pki
+from localcluster.addons import admin_request, crd_established, free_ports
 from localcluster.handle import ClusterHandle
-from localcluster.jobset import _established, _free_ports, _request
 from localcluster.procs import Proc, launch, stop, tail
 from localcluster.versions import KUEUE_VERSION, cache_root
 
@@ -196,7 +196,7 @@ def ensure_built(out: TextIO = sys.stderr, force: bool = False) -> Path:
 
 
 def _apply(cluster: ClusterHandle, path: str, doc: JsonDict) -> JsonDict:
-    return _request(
+    return admin_request(
         cluster,
         "PATCH",
         f"{path}?fieldManager={FIELD_MANAGER}&force=true",
@@ -217,7 +217,7 @@ def apply_crds(cluster: ClusterHandle, timeout: float = 60.0) -> list[str]:
                 names.append(doc["metadata"]["name"])
     deadline = time.monotonic() + timeout
     for name in names:
-        while not _established(_request(cluster, "GET", f"{crds}/{name}")):
+        while not crd_established(admin_request(cluster, "GET", f"{crds}/{name}")):
             if time.monotonic() > deadline:
                 raise KueueError(f"CRD {name} not Established after {timeout:.0f}s")
             time.sleep(0.2)
@@ -275,16 +275,21 @@ def remove_webhooks(cluster: ClusterHandle) -> None:
     """Deletes the webhook configurations `start` applied (none is fine)."""
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
         with contextlib.suppress(urllib.error.HTTPError):
-            _request(cluster, "DELETE", _webhook_path(kind))
+            admin_request(cluster, "DELETE", _webhook_path(kind))
 
 
 def queue_objects(
-    queue: str, namespace: str, quota: dict[str, str], flavor: str = "default"
+    queue: str,
+    namespace: str,
+    quota: dict[str, str],
+    flavor: str = "default",
+    cluster_queue: str | None = None,
 ) -> list[tuple[str, JsonDict]]:
-    """(API path, object) of a ResourceFlavor `flavor`, a ClusterQueue `queue` with `quota`
-    (resource -> nominal quantity) in that flavor, and a LocalQueue `queue` in `namespace`
-    pointing at it; apply them in this order."""
+    """(API path, object) of a ResourceFlavor `flavor`, a ClusterQueue `cluster_queue` (default
+    `queue`) with `quota` (resource -> nominal quantity) in that flavor, and a LocalQueue `queue`
+    in `namespace` pointing at it; apply them in this order."""
     base = f"/apis/{API_VERSION}"
+    cq = cluster_queue or queue
     cq_resources = [{"name": r, "nominalQuota": q} for r, q in quota.items()]
     return [
         (
@@ -292,11 +297,11 @@ def queue_objects(
             {"apiVersion": API_VERSION, "kind": "ResourceFlavor", "metadata": {"name": flavor}},
         ),
         (
-            f"{base}/clusterqueues/{queue}",
+            f"{base}/clusterqueues/{cq}",
             {
                 "apiVersion": API_VERSION,
                 "kind": "ClusterQueue",
-                "metadata": {"name": queue},
+                "metadata": {"name": cq},
                 "spec": {
                     "namespaceSelector": {},
                     "resourceGroups": [
@@ -314,14 +319,20 @@ def queue_objects(
                 "apiVersion": API_VERSION,
                 "kind": "LocalQueue",
                 "metadata": {"name": queue, "namespace": namespace},
-                "spec": {"clusterQueue": queue},
+                "spec": {"clusterQueue": cq},
             },
         ),
     ]
 
 
-def apply_queue(cluster: ClusterHandle, queue: str, namespace: str, quota: dict[str, str]) -> None:
-    for path, obj in queue_objects(queue, namespace, quota):
+def apply_queue(
+    cluster: ClusterHandle,
+    queue: str,
+    namespace: str,
+    quota: dict[str, str],
+    cluster_queue: str | None = None,
+) -> None:
+    for path, obj in queue_objects(queue, namespace, quota, cluster_queue=cluster_queue):
         _apply(cluster, path, obj)
 
 
@@ -417,7 +428,7 @@ def start(
         # controller-runtime's webhook server reads tls.crt/tls.key from its certDir.
         shutil.copyfile(cluster.pki / f"{_WEBHOOK_STEM}.crt", cert_dir / "tls.crt")
         shutil.copyfile(cluster.pki / f"{_WEBHOOK_STEM}.key", cert_dir / "tls.key")
-        webhook_port, health_port = _free_ports(2)
+        webhook_port, health_port = free_ports(2)
         config = workdir / "config.yaml"
         config.write_text(
             yaml.safe_dump(manager_config(cert_dir, webhook_port, health_port, wait_for_pods_ready))

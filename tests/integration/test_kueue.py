@@ -49,7 +49,9 @@ async def queued(
     mgr = await asyncio.to_thread(
         kueue.start, sim_cluster, wait_for_pods_ready=pods_ready, out=sys.stderr
     )
-    names = [f"{namespace[:40]}-n{i}" for i in range(3)]
+    # The namespace whole (its random suffix too): a node name used again soon after its node
+    # was lost may still be tainted unreachable by the controller-manager.
+    names = [f"{namespace}-n{i}" for i in range(3)]
     api = HttpClient(
         sim_cluster.server,
         ssl_context=ssl_context(
@@ -63,7 +65,11 @@ async def queued(
     sim_task = asyncio.create_task(sim.run())
     try:
         quota = {"cpu": "1000", "memory": "1000Gi", "nvidia.com/gpu": str(GPU_QUOTA)}
-        await asyncio.to_thread(kueue.apply_queue, sim_cluster, QUEUE, namespace, quota)
+        # A ClusterQueue of this test's own: an earlier test's Workloads, admitted until their
+        # namespace is gone, must not hold this one's quota.
+        await asyncio.to_thread(
+            kueue.apply_queue, sim_cluster, QUEUE, namespace, quota, cluster_queue=namespace
+        )
         for name in names:
             node = kwok_node(name, Options(gpus_per_node=2))
             node["metadata"]["labels"]["gangjob-test"] = namespace
