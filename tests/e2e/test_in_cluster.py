@@ -1,8 +1,8 @@
 """The controller as platform teams run it, on the real node: `kubectl apply -k manifests/local`
 (manifests/default with the images localcluster builds), two replicas behind the
 `gangjob-arrivals` Service that kube-proxy routes. A gang restarts in place with its arrivals
-over that Service; the leader's pod is deleted; the standby takes the Lease, the Service follows
-its label, the agents reach it, and the next failure restarts the gang in place again."""
+over that Service; the leader's pod is deleted; another replica takes the Lease, the Service
+follows its label, the agents reach it, and the next failure restarts the gang in place again."""
 
 from __future__ import annotations
 
@@ -195,18 +195,22 @@ async def test_the_in_cluster_controller_fails_over_and_restarts_the_gang_in_pla
     assert all("gangjob.io/epoch" not in p["metadata"].get("annotations", {}) for p in pods)
     assert metric(scrape(node_cluster, standby_name), "gangjob_arrival_reports_total") == 0
 
-    # 2. The leader's pod goes: the standby takes the Lease within its lease duration.
+    # 2. The leader's pod goes: another replica takes the Lease within its lease duration. The
+    # old leader releases it on SIGTERM, so the Deployment's replacement, polling as often as the
+    # standby, may win the race; either is a correct failover.
     duration = float(lease["spec"]["leaseDurationSeconds"])
     t0 = time.monotonic()
     await node_kube.delete(PODS, leader_name, SYSTEM_NS)
     lease = await wait_for(
         node_kube, LEASES, LEASE, SYSTEM_NS,
-        lambda ls: ls["spec"].get("holderIdentity") == standby_name,
-        duration, f"held by {standby_name}",
+        lambda ls: ls["spec"].get("holderIdentity") not in ("", None, leader_name),
+        duration, f"held by a replica other than {leader_name}",
     )  # fmt: skip
     took_over = time.monotonic() - t0
-    print(f"standby {standby_name} took the lease {took_over:.1f}s after the delete")
-    new_ip = (await node_kube.get(PODS, standby_name, SYSTEM_NS))["status"]["podIP"]
+    successor = lease["spec"]["holderIdentity"]
+    role = "the standby" if successor == standby_name else "the replacement"
+    print(f"{role} {successor} took the lease {took_over:.1f}s after the delete")
+    new_ip = await eventually(lambda: _pod_ip(node_kube, successor), 120, f"an IP for {successor}")
     await eventually(
         lambda: _when(arrival_endpoints(node_kube), [new_ip]),
         60, "the arrival Service on the new leader",
@@ -217,7 +221,7 @@ async def test_the_in_cluster_controller_fails_over_and_restarts_the_gang_in_pla
     # step 3 asserts. So here only what happened is printed.
     # The Deployment brings a new standby.
     await eventually(lambda: two_ready_one_leader(node_kube), 180, "a new standby")
-    streams = metric(scrape(node_cluster, standby_name), "gangjob_arrival_streams")
+    streams = metric(scrape(node_cluster, successor), "gangjob_arrival_streams")
     annotated = sum(
         "gangjob.io/epoch" in p["metadata"].get("annotations", {})
         for p in await gang_pods(node_kube, ns, "ddp")
@@ -226,7 +230,7 @@ async def test_the_in_cluster_controller_fails_over_and_restarts_the_gang_in_pla
           f"{annotated} by annotation")  # fmt: skip
 
     # 3. A second failure: in place again, arrivals over the Service to the new leader.
-    before = metric(scrape(node_cluster, standby_name), "gangjob_arrival_reports_total",
+    before = metric(scrape(node_cluster, successor), "gangjob_arrival_reports_total",
                     {"result": "accepted"})  # fmt: skip
     victim = sorted(uids)[0]
     kubectl(node_cluster, "-n", ns, "exec", victim, "-c", "trainer", "--", "touch",
@@ -237,7 +241,7 @@ async def test_the_in_cluster_controller_fails_over_and_restarts_the_gang_in_pla
     assert job["status"]["lastRestart"]["recreated"] == []
     pods = await gang_pods(node_kube, ns, "ddp")
     assert {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods} == uids
-    text = scrape(node_cluster, standby_name)
+    text = scrape(node_cluster, successor)
     # The agents reached the new leader through the Service: it took the three arrivals at
     # epoch 2, none came by annotation, and all three hold their reports with it.
     assert metric(text, "gangjob_arrival_reports_total", {"result": "accepted"}) >= before + 3
@@ -245,12 +249,17 @@ async def test_the_in_cluster_controller_fails_over_and_restarts_the_gang_in_pla
     for p in pods:
         assert p["metadata"].get("annotations", {}).get("gangjob.io/epoch") != "2", p
     await eventually(
-        lambda: _metric_at_least(node_cluster, standby_name, "gangjob_arrival_streams", 3),
+        lambda: _metric_at_least(node_cluster, successor, "gangjob_arrival_streams", 3),
         60, "three agents holding their reports with the new leader",
     )  # fmt: skip
 
     # 4. Prometheus' way in: the metrics Service, from a pod.
     await _scrape_through_service(node_kube, node_cluster, ns)
+
+
+async def _pod_ip(kube: Kube, name: str) -> str | None:
+    ip = (await kube.get(PODS, name, SYSTEM_NS)).get("status", {}).get("podIP")
+    return str(ip) if ip else None
 
 
 async def _when(got: Awaitable[T], want: T) -> T | None:

@@ -110,6 +110,21 @@ async def until(agents: Sequence[Agent], predicate: Callable[[AgentState], bool]
     await asyncio.wait_for(asyncio.gather(*(a.wait_for(predicate) for a in agents)), DEADLINE)
 
 
+def words(path: pathlib.Path) -> list[str]:
+    return path.read_text().split() if path.exists() else []
+
+
+async def lines_of(path: pathlib.Path, count: int) -> list[str]:
+    """The file's lines once it has at least `count` (or what it has after DEADLINE)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + DEADLINE
+    while True:
+        lines = words(path)
+        if len(lines) >= count or loop.time() > deadline:
+            return lines
+        await asyncio.sleep(0.05)
+
+
 def at(step: Step, epoch: int) -> Callable[[AgentState], bool]:
     return lambda s: s.step == step and s.epoch == epoch
 
@@ -250,7 +265,8 @@ async def test_process_mode_restarts_the_trainer_in_place_and_reports_exits(
     assert sleeper.state.trainer_runs == 2
     assert flaky.state.trainer_runs == 2
     # A new epoch, a new rendezvous: a run of epoch 0 could never join the group of epoch 1.
-    assert ids.read_text().split() == [f"{JOB}-epoch-0", f"{JOB}-epoch-1"]
+    # (The trainer's shell writes its line after the agent has started it: wait for it.)
+    assert await lines_of(ids, 2) == [f"{JOB}-epoch-0", f"{JOB}-epoch-1"]
 
     # Asked to stop (the pod is deleted): SIGTERM goes to each trainer, whose code is returned.
     sleeper.stop()
