@@ -141,9 +141,9 @@ class Agent:
                 self.log,
             )
         self._arrival: Arrival = arrival or annotation
-        # Through the controller, a restarted agent needs no watch of its own: the report's
-        # answer streams the job's state. The watch starts when that channel fails, or when
-        # the agent has no saved state to start from (a new pod).
+        # Through the controller, an agent needs no watch of its own: the report's answer
+        # streams the job's state (a new pod reads the job once, to know where to arrive).
+        # The watch starts only when that channel fails.
         self._direct = isinstance(self._arrival, DirectArrival)
         self._state = AgentState(since=time.monotonic())
         self._changed = asyncio.Event()
@@ -367,8 +367,13 @@ class Agent:
         else:
             pod = await self._retry("reading own pod", lambda: self._api.get(self.config.pod_path))
             arrived = arrived_epoch(pod)
-            self._ensure_watching()
-            seen = (await self._wait_job(lambda s: True)).epoch
+            if self._direct:
+                # One read, not a watch: the report's answer streams the job's state. N agents
+                # each watching the job would be sent every status write of it, N times over.
+                seen = (await self._retry("reading the job", self._watcher.read)).epoch
+            else:
+                self._ensure_watching()
+                seen = (await self._wait_job(lambda s: True)).epoch
         target = target_epoch(arrived, seen)
         if target is not None:
             return target

@@ -82,6 +82,13 @@ class JobWatcher:
             changed, self._changed = self._changed, asyncio.Event()
             changed.set()
 
+    async def read(self) -> JobState:
+        """Reads the job once (no watch) and returns the newest state known: what a new pod
+        reporting directly needs before its first report, whose answer then streams the rest."""
+        await self._read()
+        assert self.state is not None
+        return self.state
+
     async def run(self) -> None:
         resource_version: str | None = None
         while True:

@@ -292,6 +292,8 @@ async def test_agents_arrive_at_the_controller_and_learn_the_barrier_from_its_an
         assert [ctl.arrived(f"train-{r}") for r in range(3)] == [0, 0, 0]
         assert ctl.reports == [f"{NS}/{JOB}"] * 3  # each queued the job for a pass
         assert ctl.fake.patches == []  # no pod written
+        # New pods each read the job once and watch nothing: the answer streams the state.
+        assert (ctl.fake.watches_opened, ctl.fake.job_gets) == (0, 3)
         ctl.set_status(barrierEpoch=0)
         for a in agents:
             await until(a, lambda s: s.barrier_open)
