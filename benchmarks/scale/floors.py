@@ -11,18 +11,22 @@ streams; the simulated kubelet restarts the pods; the agents report to the endpo
 the time from the last report accepted to the barrier write seen in a watch, the controller's
 barrier decision, is not counted.
 
-annotation-floor: N pod annotation patches by a bare client and one GangJob write seen by every
-agent's own watch: the least that arrival by annotation costs.
+annotation-floor: N pod annotation patches by a bare client and one GangJob write seen by N
+watches of the job (the agent's watch code, one per pod): the least that arrival by annotation
+costs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 import time
 from typing import Any
 
 from agent.apiclient import ApiError
+from agent.config import Config
+from agent.watch import JobWatcher
 from benchmarks.common import Progress
 from benchmarks.scale.cluster import World, steady
 from benchmarks.scale.cpu import BENCH, CpuSampler
@@ -86,15 +90,23 @@ async def floor(w: World, tracker: JobTracker, rep: int, gang: str) -> dict[str,
 
 
 async def annotation_floor(w: World, tracker: JobTracker, rep: int, gang: str) -> dict[str, Any]:
-    """N pod annotation patches and one GangJob write seen by N agents' own watches, by a bare
+    """N pod annotation patches and one GangJob write seen by N watches of the job, by a bare
     client (the same shared HTTP client the agents use): what arrival by annotation costs at
-    the least."""
+    the least. The watches are the agent's own code (`JobWatcher`), one per pod, as agents
+    arriving by annotation hold them; agents reporting to the endpoint hold none, so the floor
+    opens its own (before the clock starts)."""
     names = list(w.s.pods)
     slots = asyncio.Semaphore(ANNOTATION_FLOOR_CONCURRENCY)
     path = f"/api/v1/namespaces/{w.ns}/pods"
     body = {"metadata": {"annotations": {"bench.gangjob.io/floor": str(rep)}}}
     progress = Progress(f"N={w.n} annotation-floor #{rep + 1}")
     done = 0
+    quiet = logging.LoggerAdapter(logging.getLogger("agent"), {})
+    watchers = [
+        JobWatcher(w.api, Config(job_name=gang, pod_name=name, namespace=w.ns), quiet)
+        for name in names
+    ]
+    watching = [asyncio.create_task(jw.run()) for jw in watchers]
 
     async def one(name: str) -> None:
         nonlocal done
@@ -110,27 +122,36 @@ async def annotation_floor(w: World, tracker: JobTracker, rep: int, gang: str) -
             done += 1
             progress.tick(f"{done}/{len(names)} patched")
 
-    before = CtlSample.take(w.ctl)
-    async with CpuSampler.running(w.cpu_pids()) as sampler:
-        t0 = time.monotonic()
-        await asyncio.gather(*(one(n) for n in names))
-        t1 = time.monotonic()
-        obj = await w.kube.patch(GANGJOBS, gang, body, w.ns)
-        rv = int(obj["metadata"]["resourceVersion"])
-        n = w.n
-
-        def seen() -> int:
-            return sum(
-                1 for wk in w.s.workers.values()
-                if wk.agent is not None and wk.agent.job is not None
-                and int(wk.agent.job.resource_version or 0) >= rv
-            )  # fmt: skip
-
-        marks = await milestones(
-            {"seen": polled(lambda: seen() == n)}, w.timeout(0.05), progress,
-            lambda: f"{seen()}/{n} agents saw the write",
+    n = w.n
+    try:
+        await milestones(
+            {"watching": polled(lambda: sum(jw.state is not None for jw in watchers) == n)},
+            w.timeout(0.05), Progress(f"N={w.n} annotation-floor #{rep + 1} opening watches"),
+            lambda: f"{sum(jw.state is not None for jw in watchers)}/{n} watches read the job",
         )  # fmt: skip
-    after = CtlSample.take(w.ctl)
+        before = CtlSample.take(w.ctl)
+        async with CpuSampler.running(w.cpu_pids()) as sampler:
+            t0 = time.monotonic()
+            await asyncio.gather(*(one(n) for n in names))
+            t1 = time.monotonic()
+            obj = await w.kube.patch(GANGJOBS, gang, body, w.ns)
+            rv = int(obj["metadata"]["resourceVersion"])
+
+            def seen() -> int:
+                return sum(
+                    1 for jw in watchers
+                    if jw.state is not None and int(jw.state.resource_version or 0) >= rv
+                )  # fmt: skip
+
+            marks = await milestones(
+                {"seen": polled(lambda: seen() == n)}, w.timeout(0.05), progress,
+                lambda: f"{seen()}/{n} watches saw the write",
+            )  # fmt: skip
+        after = CtlSample.take(w.ctl)
+    finally:
+        for task in watching:
+            task.cancel()
+        await asyncio.gather(*watching, return_exceptions=True)
     seconds = round(marks["seen"] - t0, 3)
     cpu = sampler.spent([(t0, marks["seen"])])
     bench = cpu.get(BENCH)

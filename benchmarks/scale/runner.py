@@ -135,9 +135,7 @@ async def measure_gang(
     """Every measurement asked for on one running gang, appended to `rows` as it is taken."""
     reps, want, direct = w.settings.reps, w.settings.modes, w.s.arrival_url
     if mode == "Pod":
-        # annotation-floor first: it times one GangJob write reaching every agent's own
-        # watch, and the agents of a new gang all watch (later ones, restarted with the
-        # endpoint, need not).
+        # annotation-floor first, on the gang as it started (it opens its own N watches).
         for rep in range(reps if "annotation-floor" in want else 0):
             rows.append(await annotation_floor(w, tracker, rep, gang))
         # Agents report arrivals to the controller (as deployed)...
