@@ -19,6 +19,7 @@ costs.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import sys
 import time
@@ -35,6 +36,8 @@ from benchmarks.scale.scenarios import Span, measure_restart
 from benchmarks.scale.settings import ANNOTATION_FLOOR_CONCURRENCY
 from controller.k8s import GANGJOBS
 
+WATCH_WAVE = 100
+"""annotation-floor: watches opened at once, before its clock starts."""
 FLOOR_SPAN = Span(
     "epoch write->arrived + barrier->open",
     lambda m: [(m["injected"], m["arrived"]), (max(m["barrier"], m["arrived"]), m["open"])],
@@ -89,6 +92,10 @@ async def floor(w: World, tracker: JobTracker, rep: int, gang: str) -> dict[str,
     return row
 
 
+def all_read(watchers: list[JobWatcher]) -> bool:
+    return all(jw.state is not None for jw in watchers)
+
+
 async def annotation_floor(w: World, tracker: JobTracker, rep: int, gang: str) -> dict[str, Any]:
     """N pod annotation patches and one GangJob write seen by N watches of the job, by a bare
     client (the same shared HTTP client the agents use): what arrival by annotation costs at
@@ -106,7 +113,7 @@ async def annotation_floor(w: World, tracker: JobTracker, rep: int, gang: str) -
         JobWatcher(w.api, Config(job_name=gang, pod_name=name, namespace=w.ns), quiet)
         for name in names
     ]
-    watching = [asyncio.create_task(jw.run()) for jw in watchers]
+    watching: list[asyncio.Task[None]] = []
 
     async def one(name: str) -> None:
         nonlocal done
@@ -124,11 +131,16 @@ async def annotation_floor(w: World, tracker: JobTracker, rep: int, gang: str) -
 
     n = w.n
     try:
-        await milestones(
-            {"watching": polled(lambda: sum(jw.state is not None for jw in watchers) == n)},
-            w.timeout(0.05), Progress(f"N={w.n} annotation-floor #{rep + 1} opening watches"),
-            lambda: f"{sum(jw.state is not None for jw in watchers)}/{n} watches read the job",
-        )  # fmt: skip
+        # In waves: 5000 lists and watches at once swamp the apiserver for minutes, long
+        # enough on a loaded machine for KWOK's node heartbeats to lapse (nodes lost).
+        opening = Progress(f"N={w.n} annotation-floor #{rep + 1} opening watches")
+        for i in range(0, n, WATCH_WAVE):
+            wave = watchers[i : i + WATCH_WAVE]
+            watching += [asyncio.create_task(jw.run()) for jw in wave]
+            await milestones(
+                {"watching": polled(functools.partial(all_read, wave))}, w.timeout(0.05),
+                opening, lambda: f"{sum(jw.state is not None for jw in watchers)}/{n} read the job",
+            )  # fmt: skip
         before = CtlSample.take(w.ctl)
         async with CpuSampler.running(w.cpu_pids()) as sampler:
             t0 = time.monotonic()
