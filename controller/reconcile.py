@@ -345,7 +345,13 @@ class Reconciler:
     def _creation_failed(self, key: str, errors: list[BaseException], out: Outcome) -> None:
         """Remembers a refusal for plan to say on the GangJob, and retries it in
         `REFUSED_RETRY_SECONDS`; raises any other error (the key is retried with backoff)."""
-        other = [e for e in errors if not refused(e)]
+        # A missing ServiceAccount is made again by the next pass (forget_worker_access): no
+        # refusal to report, and no reason to wait.
+        other = [
+            e
+            for e in errors
+            if not refused(e) or (isinstance(e, ApiError) and missing_service_account(e))
+        ]
         if other:
             raise other[0]
         message = str(errors[0])
