@@ -22,7 +22,7 @@ from typing import Any, Generic, TypeVar
 import pydantic
 from opentelemetry.trace import Tracer
 
-from api.constants import API_VERSION, KIND, REASON_WORKERS_CREATED
+from api.constants import API_VERSION, KIND, REASON_WORKERS_CREATED, ConditionType
 from api.v1alpha1 import GangJob, GangJobStatus, dump_status, parse_gangjob
 from controller.arrivals.book import ArrivalBook
 from controller.k8s import (
@@ -86,9 +86,14 @@ def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any
     return patch
 
 
+_PROGRESS_MESSAGES = frozenset({ConditionType.READY.value, ConditionType.STUCK.value})
+"""Conditions whose message counts workers ("k/N workers ready", "k of N workers have not
+arrived"): it moves with every arrival, as `workers` does."""
+
+
 def progress_only(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
-    """Whether two statuses differ only in progress counts: `workers` and the Ready
-    condition's "k/N workers ready" message (same status and reason)."""
+    """Whether two statuses differ only in progress counts: `workers` and the messages of the
+    Ready and Stuck conditions (same status and reason)."""
     return _without_progress(old) == _without_progress(new)
 
 
@@ -98,7 +103,7 @@ def _without_progress(status: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(conditions, list):
         out["conditions"] = [
             {k: v for k, v in c.items() if k != "message"}
-            if isinstance(c, Mapping) and c.get("type") == "Ready"
+            if isinstance(c, Mapping) and c.get("type") in _PROGRESS_MESSAGES
             else c
             for c in conditions
         ]

@@ -14,7 +14,7 @@ from controller.k8s import GANGJOBS, NODES, PODS, SERVICES, AlreadyExists, Forbi
 from controller.k8s.store import BY_GANGJOB, Store, gangjob_index
 from controller.manager import Manager
 from controller.policy.plan import Observed, Plan, PlanConfig, PodDelete, plan
-from controller.reconcile import REFUSED_RETRY_SECONDS, Caches, Outcome, Reconciler
+from controller.reconcile import REFUSED_RETRY_SECONDS, Caches, Outcome, Reconciler, progress_only
 from controller.runtime import metrics
 from tests.unit.builders import T0, job_dict, make_job
 
@@ -173,3 +173,21 @@ async def test_a_refused_worker_pod_is_remembered_for_plan_and_tried_again_soon(
     retry = dataclasses.replace(decided, create_pods=decided.create_pods[1:])
     await reconciler.act(job, job_dict(2), retry)
     assert reconciler.observe(job_dict(2)).creation_refused is None
+
+
+def test_counts_in_the_ready_and_stuck_messages_are_progress_a_new_cause_is_not() -> None:
+    def status(ready: str, stuck_reason: str, stuck: str, arrived: int) -> dict[str, Any]:
+        return {
+            "epoch": 0,
+            "workers": {"total": 5000, "arrived": arrived},
+            "conditions": [
+                {"type": "Ready", "status": "False", "reason": "WorkersNotReady", "message": ready},
+                {"type": "Stuck", "status": "True", "reason": stuck_reason, "message": stuck},
+            ],
+        }
+
+    before = status("10/5000 workers ready", "BarrierStalled", "4990 of 5000 workers ...", 10)
+    later = status("20/5000 workers ready", "BarrierStalled", "4980 of 5000 workers ...", 20)
+    assert progress_only(before, later)  # throttled with the counts: every agent reads it
+    other = status("20/5000 workers ready", "AgentCrashLooping", "The agent keeps ...", 20)
+    assert not progress_only(before, other)
