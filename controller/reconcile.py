@@ -1,6 +1,7 @@
 """One reconcile of one GangJob: observe (from the caches) -> plan (pure) -> act (through kube).
 
-All decisions are `controller.policy.plan`'s; this module only gathers what plan needs and
+All decisions are `controller.policy.plan`'s; this module only gathers what plan needs (the
+caches, what the workers' ServiceAccounts may not do, the last refusal of a worker pod) and
 carries out what it returns, in a fixed order: **one** status write (conditional on the
 resourceVersion read, so a stale cache can never write an older epoch over a newer one), then the
 Service, pod deletions, the gang's Workload and PodGroup, pod creations, and the Events.
