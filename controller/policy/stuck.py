@@ -27,11 +27,13 @@ from api.constants import (
     REASON_POD_CREATION_REFUSED,
     REASON_PROGRESSING,
     REASON_WORKER_RBAC_MISSING,
+    RESTART_EXIT_CODE,
     WORKER_ROLE_FILE,
     WORKER_SERVICE_ACCOUNT,
     ConditionType,
 )
 from api.v1alpha1 import ConditionStatus, GangJob
+from controller.policy.classify import RESTARTING_ALL_CONTAINERS
 from controller.policy.conditions import get_condition, is_true
 from controller.policy.gang import POD_TERMINAL
 from controller.policy.passstate import EventSpec, Pass, worker_text
@@ -184,10 +186,12 @@ def image_pull_failed(p: Pass) -> Cause | None:
 
 
 def agent_crashing(p: Pass) -> Cause | None:
-    """The agent's sidecar keeps exiting and the kubelet backs off restarting it."""
-    hits = _containers(
-        p, lambda c: c.name == AGENT_CONTAINER and c.state == "waiting" and c.reason == CRASH_LOOP
-    )
+    """The agent's sidecar keeps exiting and the kubelet backs off restarting it. Between two
+    back-offs it runs for a moment: while the gang is said to be stuck on it, an agent that
+    runs again after a crash, not yet through its barrier probe, still counts (the condition
+    would flap, an Event each time, otherwise)."""
+    said = is_true(p.conditions, ConditionType.STUCK) and _reason(p) == REASON_AGENT_CRASHING
+    hits = _containers(p, lambda c: _crash_looping(c) or (said and _between_back_offs(c)))
     if not hits:
         return None
     worker, pod, container = hits[0]
@@ -203,6 +207,27 @@ def agent_crashing(p: Pass) -> Cause | None:
         f"`kubectl logs {pod.name} -c {AGENT_CONTAINER} --previous`. Fix: an agent image of "
         "this controller's version (--agent-image), and the pod's access to the apiserver.",
     )
+
+
+def _crash_looping(c: ContainerView) -> bool:
+    return c.name == AGENT_CONTAINER and c.state == "waiting" and c.reason == CRASH_LOOP
+
+
+def _between_back_offs(c: ContainerView) -> bool:
+    """Running again after an exit of its own (not the protocol's 86, not the kubelet's
+    restart of the whole pod), and not through its startup probe yet."""
+    return (
+        c.name == AGENT_CONTAINER
+        and c.state == "running"
+        and c.started is not True
+        and c.last_exit_code not in (None, 0, RESTART_EXIT_CODE)
+        and c.last_reason != RESTARTING_ALL_CONTAINERS
+    )
+
+
+def _reason(p: Pass) -> str | None:
+    condition = get_condition(p.conditions, ConditionType.STUCK)
+    return None if condition is None else condition.reason
 
 
 def barrier_stalled(p: Pass) -> Cause | None:

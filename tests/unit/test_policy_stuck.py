@@ -12,6 +12,7 @@ from typing import Any
 from api.constants import ConditionType
 from api.v1alpha1 import GangJobStatus, Phase
 from controller.policy.plan import Observed, PlanConfig, plan
+from controller.policy.views import PodView
 from tests.unit.builders import T0
 from tests.unit.gangs import (
     GANG_NOW,
@@ -193,6 +194,39 @@ def test_a_crash_looping_agent_points_at_its_log() -> None:
     assert "worker 1 (pod llama-1) is in CrashLoopBackOff, last exit code 1" in message
     assert "kubectl logs llama-1 -c gangjob-agent --previous" in message
     no_repeat(observed)
+
+
+def test_an_agent_running_between_two_back_offs_keeps_the_gang_stuck() -> None:
+    pods = [worker(r, None) for r in range(2)]
+    waiting_in(pods[1], "gangjob-agent", "CrashLoopBackOff", exitCode=1)
+    observed = gang(replicas=2, status=starting_status(), pods=pods)
+    observed = dataclasses.replace(observed, now=T0 + timedelta(seconds=10))
+    first = plan(observed)
+    crashing = carry_out(observed, first)
+    # The kubelet starts it again: running, not through its probe, its last exit a crash.
+    running = [worker(r, None) for r in range(2)]
+    running[1]["status"]["initContainerStatuses"] = [
+        {
+            "name": "gangjob-agent",
+            "restartCount": 5,
+            "started": False,
+            "state": {"running": {}},
+            "lastState": {"terminated": {"exitCode": 1, "reason": "Error"}},
+        }
+    ]
+    again = dataclasses.replace(
+        crashing, pods=[PodView.from_pod(p) for p in running], now=observed.now
+    )
+    result = plan(again)
+    assert condition(result, ConditionType.STUCK) == condition(first, ConditionType.STUCK)
+    assert warnings(again) == []
+    # Never said before: a running agent after a crash is no cause of its own.
+    fresh = dataclasses.replace(again, job=observed.job)
+    assert condition(plan(fresh), ConditionType.STUCK) is None
+    # Through its probe (the barrier opened for it): recovered.
+    running[1]["status"]["initContainerStatuses"][0]["started"] = True
+    recovered = dataclasses.replace(again, pods=[PodView.from_pod(p) for p in running])
+    assert (condition(plan(recovered), ConditionType.STUCK) or ("",))[0] == "False"
 
 
 def test_the_cause_changing_is_announced_again() -> None:
