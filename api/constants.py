@@ -98,6 +98,12 @@ class ConditionType(StrEnum):
     """The cluster cannot honour `spec.restart.mode`; `status.mode` says what runs instead."""
     GANG_SCHEDULING = "GangScheduling"
     """True: kube-scheduler places the workers all-or-nothing (KEP-4671 PodGroup)."""
+    STUCK = "Stuck"
+    """True: the workers cannot do their part (controller/policy/stuck.py); the reason names
+    the cause, the message the workers concerned and the fix."""
+    ARRIVAL_DEGRADED = "ArrivalDegraded"
+    """True: agents arrive by pod annotation although the controller serves the arrival
+    endpoint: they cannot reach it."""
 
 
 # Kueue's pod-group integration (sigs.k8s.io/kueue): a GangJob labelled with a queue name has
@@ -152,6 +158,26 @@ REASON_RULES_DROPPED: Final = "RestartRulesDropped"
 REASON_MODE_HONOURED: Final = "ModeHonoured"
 REASON_MODE_CHANGED: Final = "RestartModeChanged"
 REASON_INVALID_TEMPLATE: Final = "InvalidPodTemplate"
+# Why a gang is stuck (condition `Stuck`, and a Warning Event when it turns True or its reason
+# changes); the first that applies, in this order, is the reason.
+REASON_POD_CREATION_REFUSED: Final = "PodCreationRefused"
+"""The apiserver refused to create a worker pod (quota, admission webhook or policy, spec)."""
+REASON_WORKER_RBAC_MISSING: Final = "WorkerRBACMissing"
+"""The workers' ServiceAccount may not do what the agent needs (ClusterRole `gangjob-worker`
+or its RoleBinding missing), by SubjectAccessReview."""
+REASON_AGENT_IMAGE_PULL: Final = "AgentImagePullFailed"
+"""The kubelet cannot pull the agent's image (ErrImagePull, ImagePullBackOff, ...)."""
+REASON_IMAGE_PULL: Final = "ImagePullFailed"
+"""The kubelet cannot pull the image of another container of a worker."""
+REASON_AGENT_CRASHING: Final = "AgentCrashLooping"
+"""The agent's sidecar container is in CrashLoopBackOff."""
+REASON_BARRIER_STALLED: Final = "BarrierStalled"
+"""Arrivals stopped short of every worker for longer than the controller's bound."""
+REASON_PROGRESSING: Final = "Progressing"
+"""Stuck False: the cause went away."""
+REASON_ARRIVAL_UNREACHABLE: Final = "ArrivalEndpointUnreachable"
+REASON_ARRIVALS_DIRECT: Final = "ArrivalsDirect"
+"""ArrivalDegraded False: the workers arrived at the current epoch through the endpoint."""
 
 
 # --- the agent's contract with the pod builder -------------------------------------------------
@@ -224,6 +250,9 @@ AGENT_IMAGE_ZIPAPP: Final = "/opt/gangjob/agent.pyz"
 WRAPPED_ZIPAPP: Final = f"{DEFAULT_DIR}/agent.pyz"
 WORKER_SERVICE_ACCOUNT: Final = "gangjob-worker"
 """The ServiceAccount of worker pods whose template names none (see controller.workeraccess)."""
+WORKER_ROLE_FILE: Final = "manifests/rbac/worker_role.yaml"
+"""The ClusterRole `gangjob-worker` its RoleBindings grant, as the messages that ask a user to
+install it name it."""
 
 AGENT_RESOURCES: Final[Mapping[str, str]] = {"cpu": "100m", "memory": "64Mi"}
 """Requests of the agent containers: an idle asyncio process holding one watch (~25 MiB RSS).

@@ -115,6 +115,67 @@ def _columns() -> list[Mapping[str, Any]]:
     return [c for c in PRINTER_COLUMNS if isinstance(c, Mapping)]
 
 
+_CONDITION_ROWS: Final = [
+    (
+        "`Ready`",
+        "every worker of the roles not complete is Running and Ready",
+        "`AllWorkersReady`; False: `WorkersNotReady`, `InvalidPodTemplate` (or the template "
+        "error's own reason), `Suspended`, `JobFinished`",
+    ),
+    (
+        "`Restarting`",
+        "a gang restart is under way: its barrier is not open yet",
+        "`GangRestarting`; False: `BarrierOpen`, `JobFinished`",
+    ),
+    (
+        "`Succeeded`, `Failed`",
+        "the job ended so",
+        "`AllWorkersSucceeded`, `Rank0Succeeded`, `AnyWorkerSucceeded`; "
+        "`NonRetriableExitCode`, `FailurePolicy`, `MaxRestartsExceeded`",
+    ),
+    ("`Suspended`", "`spec.suspend` holds the job", "`Suspended`; False: `Resumed`"),
+    (
+        "`ModeDegraded`",
+        "the cluster cannot honour `spec.restart.mode`; `status.mode` runs instead",
+        "`NodesLackRestartAllContainers`, `RestartRulesDropped`; False: `ModeHonoured`",
+    ),
+    (
+        "`GangScheduling`",
+        "kube-scheduler places the workers all-or-nothing",
+        "`PodGroupGangPolicy`; False: `GangSchedulingOff`, `PodGroupAPINotServed`, "
+        "`WorkersOutsidePodGroup`, `RolesStartInOrder`",
+    ),
+    (
+        "`Stuck`",
+        "the workers cannot do their part: the message names the cause, the workers concerned "
+        "(a few, and how many more) and the fix; a Warning Event of the same reason says it when "
+        "it turns True or its cause changes",
+        "the first that applies: `PodCreationRefused` (the apiserver's answer: a ResourceQuota, "
+        "an admission webhook or policy, an invalid spec), `WorkerRBACMissing` (the agents' "
+        "ServiceAccount may not read their pod and GangJob or annotate their pod: the "
+        "ClusterRole `gangjob-worker` or its binding is missing), `AgentImagePullFailed` / "
+        "`ImagePullFailed` (the kubelet cannot pull the agent's, or another container's, "
+        "image), `AgentCrashLooping` (the agent's container is in `CrashLoopBackOff`), "
+        "`BarrierStalled` (some worker has not arrived at the epoch for longer than the "
+        "controller's `--barrier-stall-seconds`, 120, at most `barrierTimeoutSeconds`); False: "
+        "`Progressing` once the cause is gone, `Suspended`, `JobFinished`",
+    ),
+    (
+        "`ArrivalDegraded`",
+        "agents arrived at the current epoch by pod annotation although the controller serves "
+        "the arrival endpoint: they cannot reach it (restarts still work, at one pod write per "
+        "worker)",
+        "`ArrivalEndpointUnreachable`; False: `ArrivalsDirect`",
+    ),
+]
+
+CONDITIONS: Final = (
+    "\n## Conditions\n\n`status.conditions` holds at most one condition of each type:\n\n"
+    "| type | `True` means | reasons |\n| --- | --- | --- |\n"
+    + "".join(f"| {t} | {means} | {reasons} |\n" for t, means, reasons in _CONDITION_ROWS)
+)
+
+
 WORKER_ENVIRONMENT: Final = """
 ## Worker environment
 
@@ -280,6 +341,7 @@ def render() -> str:
     for top in ("spec", "status"):
         out.append(f"\n## {top}\n")
         _sections(top, props[top], out)
+    out.append(CONDITIONS)
     out.append(WORKER_ENVIRONMENT)
     return "".join(out)
 

@@ -1087,7 +1087,7 @@ class Condition(_Model):
         max_length=316,
         pattern=_CONDITION_TYPE_PATTERN,
         description="Type of the condition: Ready, Restarting, Succeeded, Failed, Suspended, "
-        "ModeDegraded.",
+        "ModeDegraded, GangScheduling, Stuck, ArrivalDegraded (see Conditions).",
     )
     status: ConditionStatus = Field(description="Status of the condition.")
     observed_generation: int | None = Field(
@@ -1159,7 +1159,8 @@ class GangJobStatus(_Model):
     )
     conditions: list[Condition] = Field(
         default_factory=list,
-        description="Ready, Restarting, Succeeded, Failed, Suspended, ModeDegraded.",
+        description="Ready, Restarting, Succeeded, Failed, Suspended, ModeDegraded, "
+        "GangScheduling, Stuck, ArrivalDegraded (see Conditions).",
         json_schema_extra={
             "x-kubernetes-list-type": "map",
             "x-kubernetes-list-map-keys": ["type"],

@@ -76,6 +76,13 @@ def parser() -> argparse.ArgumentParser:
         default="localhost/gangjob-agent:dev",
         help="image of the in-pod agent (the Pod-mode sidecar)",
     )
+    p.add_argument(
+        "--barrier-stall-seconds",
+        type=float,
+        default=120.0,
+        help="a gang whose barrier waits this long for some worker is marked Stuck "
+        "(BarrierStalled), naming who has not arrived (default 120)",
+    )
     return p
 
 
@@ -120,6 +127,7 @@ async def run(args: argparse.Namespace) -> int:
         arrival_address=args.arrival_bind_address,
         arrival_url=args.arrival_url or None,
         own_pod=_own_pod(),
+        barrier_stall_seconds=args.barrier_stall_seconds,
     )
     kube = await Kube.connect(args.kubeconfig)
     manager = Manager(kube, settings)

@@ -55,6 +55,7 @@ from controller.runtime import collector, metrics
 from controller.runtime.httpserver import HttpServer
 from controller.runtime.probes import probes_app
 from controller.runtime.queue import WorkQueue
+from controller.workeraccess import AccessReview, check_worker_role
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,8 @@ class Settings:
     own_pod: tuple[str, str] | None = None
     """(namespace, name) of the controller's own pod, in a cluster: it carries LEADER_LABEL
     while this replica leads."""
+    barrier_stall_seconds: float = 120.0
+    """A barrier short of workers this long makes the gang `Stuck` (`PlanConfig`)."""
 
     def __post_init__(self) -> None:
         if not self.identity:
@@ -139,9 +142,14 @@ class Manager:
         self.reconciler = Reconciler(
             kube,
             Caches(self.jobs, self.pods, self.nodes, self.services),
-            config=PlanConfig(agent_image=settings.agent_image, arrival_url=settings.arrival_url),
+            config=PlanConfig(
+                agent_image=settings.agent_image,
+                arrival_url=settings.arrival_url,
+                barrier_stall_seconds=settings.barrier_stall_seconds,
+            ),
             identity=settings.identity,
             arrivals=self.arrivals,
+            access=AccessReview(kube),
         )
         self.authenticator = TokenAuthenticator(lambda body: kube.create(TOKENREVIEWS, body))
         self.stores = [self.jobs, self.pods, self.nodes, self.services]
@@ -309,6 +317,7 @@ class Manager:
         for s in self.stores:
             await s.wait_synced()
         await self._discover()
+        await check_worker_role(self.kube)
         collector.settle()  # the caches are filled: from here the collector paces itself
         # Everything the caches hold now, once: events before we led were not acted upon.
         for key in self.jobs.keys():  # noqa: SIM118 (a Store, not a dict)

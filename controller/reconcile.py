@@ -1,6 +1,7 @@
 """One reconcile of one GangJob: observe (from the caches) -> plan (pure) -> act (through kube).
 
-All decisions are `controller.policy.plan`'s; this module only gathers what plan needs and
+All decisions are `controller.policy.plan`'s; this module only gathers what plan needs (the
+caches, what the workers' ServiceAccounts may not do, the last refusal of a worker pod) and
 carries out what it returns, in a fixed order: **one** status write (conditional on the
 resourceVersion read, so a stale cache can never write an older epoch over a newer one), then the
 Service, pod deletions, the gang's Workload and PodGroup, pod creations, and the Events.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime as dt
 import logging
 import math
@@ -21,7 +23,7 @@ from typing import Any, Generic, TypeVar
 import pydantic
 from opentelemetry.trace import Tracer
 
-from api.constants import API_VERSION, KIND
+from api.constants import API_VERSION, KIND, REASON_WORKERS_CREATED, ConditionType
 from api.v1alpha1 import GangJob, GangJobStatus, dump_status, parse_gangjob
 from controller.arrivals.book import ArrivalBook
 from controller.k8s import (
@@ -49,10 +51,12 @@ from controller.policy.plan import (
     PodDelete,
     plan,
 )
+from controller.policy.stuck import service_accounts
 from controller.policy.views import NodeView, PodView
 from controller.runtime import metrics, tracing
 from controller.runtime.clock import utcnow
 from controller.workeraccess import (
+    AccessReview,
     ensure_worker_access,
     forget_worker_access,
     missing_service_account,
@@ -61,6 +65,9 @@ from controller.workeraccess import (
 log = logging.getLogger(__name__)
 
 REPORTING_COMPONENT = "gangjob-controller"
+REFUSED_RETRY_SECONDS = 10.0
+"""A worker pod the apiserver refused (quota, admission) is tried again this often: the fix
+(a quota raised, a webhook changed) comes with no event the controller watches."""
 V = TypeVar("V")
 
 
@@ -80,9 +87,14 @@ def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any
     return patch
 
 
+_PROGRESS_MESSAGES = frozenset({ConditionType.READY.value, ConditionType.STUCK.value})
+"""Conditions whose message counts workers ("k/N workers ready", "k of N workers have not
+arrived"): it moves with every arrival, as `workers` does."""
+
+
 def progress_only(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
-    """Whether two statuses differ only in progress counts: `workers` and the Ready
-    condition's "k/N workers ready" message (same status and reason)."""
+    """Whether two statuses differ only in progress counts: `workers` and the messages of the
+    Ready and Stuck conditions (same status and reason)."""
     return _without_progress(old) == _without_progress(new)
 
 
@@ -92,7 +104,7 @@ def _without_progress(status: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(conditions, list):
         out["conditions"] = [
             {k: v for k, v in c.items() if k != "message"}
-            if isinstance(c, Mapping) and c.get("type") == "Ready"
+            if isinstance(c, Mapping) and c.get("type") in _PROGRESS_MESSAGES
             else c
             for c in conditions
         ]
@@ -160,6 +172,17 @@ class Outcome:
     """Observe + plan: the pass's own CPU work, which grows with the gang (no awaits in it)."""
 
 
+def refused(error: BaseException) -> bool:
+    """The apiserver answered a create with a refusal that retrying will not cure by itself
+    (quota, admission webhook or policy, invalid spec), not a transient failure."""
+    return (
+        isinstance(error, ApiError)
+        and not error.retriable
+        and 400 <= error.status < 500
+        and not isinstance(error, (NotFound, Conflict, AlreadyExists))
+    )
+
+
 class Reconciler:
     """Reconciles GangJobs by key (``namespace/name``)."""
 
@@ -175,6 +198,7 @@ class Reconciler:
         identity: str = "gangjob-controller",
         progress_interval: float = 1.0,
         arrivals: ArrivalBook | None = None,
+        access: AccessReview | None = None,
     ) -> None:
         self.kube = kube
         self.caches = caches
@@ -194,6 +218,11 @@ class Reconciler:
         # Arrivals the agents reported to this controller directly, joined to the pods' views.
         self.arrivals = arrivals if arrivals is not None else ArrivalBook()
         self._node_views = Views(NodeView.from_node, caches.nodes, slack=100)
+        # What the workers' agents may do, by SubjectAccessReview; None: not checked.
+        self.access = access
+        # Job key -> the apiserver's answer to its last refused worker pod creation, until one
+        # is created: plan says it on the GangJob (controller.policy.stuck).
+        self._refused: dict[str, str] = {}
 
     # -- observe ---------------------------------------------------------------------------
     def observe(self, obj: JsonDict) -> Observed:
@@ -205,13 +234,33 @@ class Reconciler:
         ]
         nodes = {v.name: v for v in map(self._node_views.of, self.caches.nodes.list())}
         service = self.caches.services.get(f"{ns}/{name}") is not None
-        return Observed(job=job, pods=pods, nodes=nodes, service_exists=service, now=self.now())
+        return Observed(
+            job=job,
+            pods=pods,
+            nodes=nodes,
+            service_exists=service,
+            now=self.now(),
+            creation_refused=self._refused.get(f"{ns}/{name}"),
+        )
+
+    async def denied(self, job: GangJob) -> dict[str, tuple[str, ...]]:
+        """What the agents' ServiceAccounts may not do (cached; see `AccessReview`)."""
+        ns = job.metadata.namespace
+        out: dict[str, tuple[str, ...]] = {}
+        if self.access is None:
+            return out
+        for sa in service_accounts(job):
+            denied = await self.access.denied(ns, sa)
+            if denied:
+                out[sa] = denied
+        return out
 
     # -- the pass --------------------------------------------------------------------------
     async def reconcile(self, key: str) -> Outcome:
         obj = self.caches.jobs.get(key)
         if obj is None:
             self._written_at.pop(key, None)
+            self._refused.pop(key, None)
             return Outcome()  # deleted: its pods go with it (owner references, GC)
         if obj.get("metadata", {}).get("deletionTimestamp"):
             return Outcome()
@@ -225,8 +274,13 @@ class Reconciler:
                 # written before the CRD was updated: say so instead of retrying forever.
                 log.error("GangJob %s does not parse; not reconciling it: %s", key, e)
                 return Outcome()
+            observing = time.perf_counter() - started
+            denied = await self.denied(observed.job)
+            if denied:
+                observed = dataclasses.replace(observed, denied=denied)
+            started = time.perf_counter()
             decided = plan(observed, self.config)
-            planning = time.perf_counter() - started
+            planning = observing + time.perf_counter() - started
             outcome = await self.act(observed.job, obj, decided)
             outcome.planning_seconds = planning
             return outcome
@@ -261,13 +315,21 @@ class Reconciler:
         if decided.create_pod_group is not None:
             # After the Workload: the apiserver refuses a PodGroup whose Workload is missing.
             await self._ensure_owned(PODGROUPS, decided.create_pod_group, job)
+        events = decided.events
         if decided.create_pods:
             # The workers' agents run as `gangjob-worker`: make it exist in this namespace first.
             await ensure_worker_access(self.kube, ns)
             results = await asyncio.gather(
-                *(self._create_pod(ns, pod) for pod in decided.create_pods)
+                *(self._create_pod(ns, pod) for pod in decided.create_pods),
+                return_exceptions=True,
             )
-            out.created = sum(results)
+            out.created = sum(r is True for r in results)
+            errors = [r for r in results if isinstance(r, BaseException)]
+            if errors:
+                events = [e for e in events if e.reason != REASON_WORKERS_CREATED]
+                self._creation_failed(f"{ns}/{name}", errors, out)
+            else:
+                self._refused.pop(f"{ns}/{name}", None)
         out.epoch_bumped = out.status_written and decided.restart_started is not None
         finished = decided.restart_finished
         out.barrier_opened = bool(
@@ -276,15 +338,36 @@ class Reconciler:
         # Events, metrics and spans only once the status they describe is stored: a failed
         # write raises, and the next pass plans (and reports) the same restart again.
         self._report(job, decided)
-        for ev in decided.events:
+        for ev in events:
             await self._event(job, ev)
-        out.events = list(decided.events)
+        out.events = list(events)
         if decided.delete_job:
             with contextlib.suppress(NotFound):
                 await self.kube.delete(
                     GANGJOBS, name, ns, uid=job.metadata.uid, propagation_policy="Background"
                 )
         return out
+
+    def _creation_failed(self, key: str, errors: list[BaseException], out: Outcome) -> None:
+        """Remembers a refusal for plan to say on the GangJob, and retries it in
+        `REFUSED_RETRY_SECONDS`; raises any other error (the key is retried with backoff)."""
+        # A missing ServiceAccount is made again by the next pass (forget_worker_access): no
+        # refusal to report, and no reason to wait.
+        other = [
+            e
+            for e in errors
+            if not refused(e) or (isinstance(e, ApiError) and missing_service_account(e))
+        ]
+        if other:
+            raise other[0]
+        message = str(errors[0])
+        if self._refused.get(key) != message:
+            log.warning("creating worker pods of %s refused: %s", key, message)
+        self._refused[key] = message
+        after = out.requeue_after
+        out.requeue_after = (
+            REFUSED_RETRY_SECONDS if after is None else min(after, REFUSED_RETRY_SECONDS)
+        )
 
     def _report(self, job: GangJob, decided: Plan) -> None:
         ns, name = job.metadata.namespace, job.metadata.name

@@ -5,15 +5,32 @@ name (manifests/rbac/worker_role.yaml), so that `kubectl apply` of a GangJob jus
 The agent in each worker reads its GangJob and writes its own pod's annotations; the
 ValidatingAdmissionPolicy of manifests/policy narrows the pod patch to the agent's own pod and
 its two annotations.
+
+Whether the agents may really do so is checked too, since the ClusterRole is installed apart
+from the controller: at start-up (`check_worker_role`, a log line) and per namespace and
+ServiceAccount by SubjectAccessReview (`AccessReview`), which feeds the `Stuck` condition
+(controller/policy/stuck.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import Final, Protocol
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final, Protocol
 
-from api.constants import WORKER_SERVICE_ACCOUNT
-from controller.k8s import AlreadyExists, ApiError, Forbidden, JsonDict, ResourceKind
+from api.constants import WORKER_ROLE_FILE, WORKER_SERVICE_ACCOUNT
+from controller.k8s import (
+    CLUSTER_ROLES,
+    SUBJECT_ACCESS_REVIEWS,
+    AlreadyExists,
+    ApiError,
+    Forbidden,
+    JsonDict,
+    NotFound,
+    ResourceKind,
+)
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +43,16 @@ WORKER_ROLE: Final = WORKER_SERVICE_ACCOUNT
 """The ClusterRole the RoleBinding grants (manifests/rbac/worker_role.yaml)."""
 WORKER_ROLE_BINDING: Final = WORKER_SERVICE_ACCOUNT
 MANAGED_BY: Final = {"app.kubernetes.io/managed-by": "gangjob-controller"}
+
+WORKER_PERMISSIONS: Final = (
+    ("get", "", "pods"),
+    ("patch", "", "pods"),
+    ("get", "gangjob.io", "gangjobs"),
+    ("list", "gangjob.io", "gangjobs"),
+    ("watch", "gangjob.io", "gangjobs"),
+)
+"""(verb, API group, resource): what a worker's agent does with the API, as the ClusterRole
+`gangjob-worker` grants it (manifests/rbac/worker_role.yaml)."""
 
 
 class Creator(Protocol):
@@ -130,3 +157,198 @@ def missing_service_account(error: ApiError) -> bool:
         and "error looking up service account" in error.message
         and "not found" in error.message
     )
+
+
+class Reader(Creator, Protocol):
+    """The verbs `AccessReview` and `check_worker_role` need of `controller.k8s.Kube`."""
+
+    async def get(
+        self,
+        kind: ResourceKind,
+        name: str,
+        namespace: str | None = None,
+        *,
+        request_timeout: float | None = None,
+        retry: bool = True,
+    ) -> JsonDict: ...
+
+
+def permission_text(permission: tuple[str, str, str]) -> str:
+    verb, _, resource = permission
+    return f"{verb} {resource}"
+
+
+def access_review(
+    namespace: str, service_account: str, permission: tuple[str, str, str]
+) -> JsonDict:
+    """A SubjectAccessReview: may this namespace's ServiceAccount, as its pods' tokens
+    authenticate it, do this in the namespace?"""
+    verb, group, resource = permission
+    return {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SubjectAccessReview",
+        "spec": {
+            "user": f"system:serviceaccount:{namespace}:{service_account}",
+            "groups": [
+                "system:serviceaccounts",
+                f"system:serviceaccounts:{namespace}",
+                "system:authenticated",
+            ],
+            "resourceAttributes": {
+                "namespace": namespace,
+                "verb": verb,
+                "group": group,
+                "resource": resource,
+            },
+        },
+    }
+
+
+class AccessReview:
+    """What the agents of a namespace's ServiceAccount may not do, by SubjectAccessReview,
+    looked up at most once per `ttl` per (namespace, ServiceAccount) and never failing a pass:
+    an error leaves the last answer (unknown: nothing denied).
+
+    The controller's own ServiceAccount and RoleBinding are checked only once `access` made
+    them in this process (before, the review would deny what the first pass is about to
+    grant). A denial for them makes them again first (someone deleted the RoleBinding): only
+    what that does not cure is reported.
+    """
+
+    def __init__(
+        self,
+        kube: Reader,
+        *,
+        ttl: float = 30.0,
+        access: WorkerAccess | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._kube = kube
+        self._ttl = ttl
+        self._access = access if access is not None else _PROCESS_WIDE
+        self._clock = clock
+        self._answers: dict[tuple[str, str], tuple[float, tuple[str, ...]]] = {}
+        self._inflight: dict[tuple[str, str], asyncio.Task[tuple[str, ...]]] = {}
+        self._disabled = False
+
+    async def denied(self, namespace: str, service_account: str) -> tuple[str, ...]:
+        """What the agents may not do (`get pods`, ...), empty if all is allowed or unknown."""
+        if self._disabled:
+            return ()
+        if service_account == WORKER_SERVICE_ACCOUNT and not self._access.done(namespace):
+            return ()
+        key = (namespace, service_account)
+        hit = self._answers.get(key)
+        if hit is not None and self._clock() < hit[0] + self._ttl:
+            return hit[1]
+        task = self._inflight.get(key)
+        if task is None:
+            task = asyncio.create_task(self._review(namespace, service_account))
+            self._inflight[key] = task
+            task.add_done_callback(lambda _: self._inflight.pop(key, None))
+        return await asyncio.shield(task)
+
+    async def _review(self, namespace: str, service_account: str) -> tuple[str, ...]:
+        key = (namespace, service_account)
+        before = self._answers.get(key, (0.0, ()))[1]
+        try:
+            denied = await self._ask(namespace, service_account)
+            if denied and service_account == WORKER_SERVICE_ACCOUNT:
+                self._access.forget(namespace)
+                try:
+                    await self._access.ensure(self._kube, namespace)
+                except ApiError as e:
+                    log.info("cannot make worker access in %s again: %s", namespace, e)
+                denied = await self._ask(namespace, service_account)
+        except Forbidden as e:
+            self._disabled = True
+            log.warning(
+                "cannot check what worker agents may do (SubjectAccessReview refused: %s): "
+                "a missing ClusterRole %s will not be reported on the GangJobs",
+                e,
+                WORKER_ROLE,
+            )
+            return ()
+        except ApiError as e:
+            log.info("SubjectAccessReview for %s/%s failed: %s", namespace, service_account, e)
+            denied = before
+        if denied and denied != before:
+            log.warning(
+                "worker agents in namespace %s run as ServiceAccount %s, which may not %s: "
+                "their GangJobs are stuck. Fix: install the ClusterRole %s (%s, `make "
+                "install`) and bind it there",
+                namespace,
+                service_account,
+                ", ".join(denied),
+                WORKER_ROLE,
+                WORKER_ROLE_FILE,
+            )
+        elif before and not denied:
+            log.info("worker agents in %s/%s may do their part again", namespace, service_account)
+        self._answers[key] = (self._clock(), denied)
+        return denied
+
+    async def _ask(self, namespace: str, service_account: str) -> tuple[str, ...]:
+        answers = await asyncio.gather(
+            *(
+                self._kube.create(
+                    SUBJECT_ACCESS_REVIEWS, access_review(namespace, service_account, permission)
+                )
+                for permission in WORKER_PERMISSIONS
+            )
+        )
+        return tuple(
+            permission_text(permission)
+            for permission, answer in zip(WORKER_PERMISSIONS, answers, strict=True)
+            if (answer.get("status") or {}).get("allowed") is not True
+        )
+
+
+def missing_permissions(rules: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
+    """What of `WORKER_PERMISSIONS` a ClusterRole's rules do not grant."""
+
+    def grants(rule: Mapping[str, Any], permission: tuple[str, str, str]) -> bool:
+        verb, group, resource = permission
+        return (
+            not rule.get("resourceNames")
+            and any(g in (group, "*") for g in rule.get("apiGroups") or ())
+            and any(r in (resource, "*") for r in rule.get("resources") or ())
+            and any(v in (verb, "*") for v in rule.get("verbs") or ())
+        )
+
+    return tuple(
+        permission_text(permission)
+        for permission in WORKER_PERMISSIONS
+        if not any(grants(rule, permission) for rule in rules)
+    )
+
+
+async def check_worker_role(kube: Reader) -> tuple[str, ...] | None:
+    """At start-up: logs an error if the ClusterRole `gangjob-worker` is missing or grants
+    less than the agents need. Returns what is missing (empty: nothing), None if unknown."""
+    try:
+        role = await kube.get(CLUSTER_ROLES, WORKER_ROLE)
+    except NotFound:
+        log.error(
+            "ClusterRole %s not found: every worker agent will get 403 reading its pod and "
+            "GangJob, and every GangJob will be Stuck (WorkerRBACMissing). Fix: kubectl apply "
+            "-f %s (`make install` does it)",
+            WORKER_ROLE,
+            WORKER_ROLE_FILE,
+        )
+        return tuple(permission_text(p) for p in WORKER_PERMISSIONS)
+    except ApiError as e:
+        log.info("cannot read ClusterRole %s (%s): not checked", WORKER_ROLE, e)
+        return None
+    missing = missing_permissions(role.get("rules") or [])
+    if missing:
+        log.error(
+            "ClusterRole %s does not grant %s: worker agents will get 403 and their GangJobs "
+            "will be Stuck (WorkerRBACMissing). Fix: kubectl apply -f %s",
+            WORKER_ROLE,
+            ", ".join(missing),
+            WORKER_ROLE_FILE,
+        )
+    else:
+        log.info("ClusterRole %s grants what worker agents need", WORKER_ROLE)
+    return missing

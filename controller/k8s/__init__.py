@@ -19,6 +19,7 @@ from controller.k8s.errors import (
     error_from_response,
 )
 from controller.k8s.kinds import (
+    CLUSTER_ROLES,
     CONFIGMAPS,
     CORE_EVENTS,
     CRDS,
@@ -29,6 +30,7 @@ from controller.k8s.kinds import (
     PODGROUPS,
     PODS,
     SERVICES,
+    SUBJECT_ACCESS_REVIEWS,
     TOKENREVIEWS,
     WORKLOADS,
     JsonDict,
@@ -38,6 +40,7 @@ from controller.k8s.transport import RetryPolicy
 from controller.k8s.watch import ObjectList, WatchEvent, selector
 
 __all__ = [
+    "CLUSTER_ROLES",
     "CONFIGMAPS",
     "CORE_EVENTS",
     "CRDS",
@@ -48,6 +51,7 @@ __all__ = [
     "PODGROUPS",
     "PODS",
     "SERVICES",
+    "SUBJECT_ACCESS_REVIEWS",
     "TOKENREVIEWS",
     "WORKLOADS",
     "AlreadyExists",

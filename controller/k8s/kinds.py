@@ -78,6 +78,12 @@ CRDS = ResourceKind(
     "apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False
 )
 TOKENREVIEWS = ResourceKind("authentication.k8s.io", "v1", "tokenreviews", "TokenReview", False)
+SUBJECT_ACCESS_REVIEWS = ResourceKind(
+    "authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview", False
+)
+CLUSTER_ROLES = ResourceKind(
+    "rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", False
+)
 # KEP-4671 gang scheduling, alpha in 1.36 (served with the GenericWorkload feature gate and the
 # runtime config scheduling.k8s.io/v1alpha2=true): a Workload holds PodGroup templates, a
 # PodGroup (made from one) is what pods name in `spec.schedulingGroup.podGroupName`.

@@ -30,7 +30,7 @@ _CONTAINER_SPEC = ("name", "resources", "restartPolicyRules")
 _RESOURCES = ("requests", "limits")
 _CONTAINER_STATUS = ("name", "restartCount", "ready", "started", "allocatedResourcesStatus")
 _CONTAINER_STATE = ("terminated", "running", "waiting")
-_STATE_DETAIL = ("exitCode", "reason", "finishedAt")
+_STATE_DETAIL = ("exitCode", "reason", "message", "finishedAt")
 _POD_CONDITION = ("type", "status", "reason", "lastTransitionTime")
 _POD_STATUS = ("phase", "reason", "message")
 

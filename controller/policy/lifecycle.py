@@ -22,7 +22,7 @@ from api.constants import (
     ConditionType,
 )
 from api.v1alpha1 import ConditionStatus, Phase, RestartMode, RoleState
-from controller.policy import podspec
+from controller.policy import podspec, stuck
 from controller.policy.conditions import get_condition, is_true
 from controller.policy.gang import POD_RUNNING, POD_TERMINAL
 from controller.policy.passstate import EventSpec, Pass, RoleProgress, job_for_pods
@@ -78,6 +78,7 @@ def finish(p: Pass, phase: Phase, type_: ConditionType, reason: str, message: st
         p.set_condition(
             ConditionType.RESTARTING, ConditionStatus.FALSE, REASON_JOB_FINISHED, message
         )
+    stuck.clear(p, REASON_JOB_FINISHED, message)
 
 
 def suspend(p: Pass) -> bool:
@@ -97,6 +98,7 @@ def suspend(p: Pass) -> bool:
         ConditionType.SUSPENDED, ConditionStatus.TRUE, REASON_SUSPENDED, "Job suspended"
     )
     p.set_condition(ConditionType.READY, ConditionStatus.FALSE, REASON_SUSPENDED, "Job suspended")
+    stuck.clear(p, REASON_SUSPENDED, "Job suspended")
     if not was_suspended:
         p.events.append(EventSpec("Normal", REASON_SUSPENDED, "Job suspended: deleting workers"))
     return True

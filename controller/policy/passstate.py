@@ -42,6 +42,14 @@ class PlanConfig:
     """The apiserver serves `scheduling.k8s.io/v1alpha2` PodGroups (KEP-4671), as discovered
     when this replica started leading; None: not discovered, and plan leaves gang scheduling
     alone (no condition, no PodGroup)."""
+    barrier_stall_seconds: float = 120.0
+    """A barrier still short of workers this long (since the restart, or the worker's pod was
+    created) makes the gang `Stuck` (`BarrierStalled`), naming who has not arrived; at most
+    `spec.restart.barrierTimeoutSeconds`."""
+    recheck_seconds: float = 30.0
+    """How often a gang that is not running at an open barrier, or is stuck, is looked at
+    again with no event: the causes of `Stuck` outside the cache (the workers' RBAC) change
+    without one."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +65,12 @@ class Observed:
     """The headless Service <job> exists."""
     now: datetime
     """Aware UTC."""
+    denied: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Worker ServiceAccount name -> what the agent needs that it may not do (`get pods`, ...),
+    by SubjectAccessReview; a name missing: allowed, or not known."""
+    creation_refused: str | None = None
+    """The apiserver's answer to the last refused creation of a worker pod of this job, until
+    one is created again."""
 
 
 @dataclass(frozen=True)

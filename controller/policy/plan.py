@@ -29,6 +29,7 @@ from controller.policy import (
     restart,
     roles,
     scheduling,
+    stuck,
     success,
 )
 from controller.policy.gang import arrived_by_barrier, sort_pods
@@ -77,6 +78,7 @@ STEPS: Final[tuple[PlanStep, ...]] = (
     lifecycle.create,
     scheduling.gang_scheduling,
     restart.barrier,
+    stuck.diagnose,
     lifecycle.running,
 )
 

@@ -103,6 +103,8 @@ class ContainerView:
     """Exit code of the current state, when it is `terminated`."""
     reason: str | None = None
     """Reason of the current state (`CrashLoopBackOff`, `OOMKilled`, `Completed`, ...)."""
+    message: str | None = None
+    """Message of the current state (the kubelet's, e.g. why an image cannot be pulled)."""
     last_exit_code: int | None = None
     """`lastState.terminated.exitCode`: the previous run's exit, kept across a restart."""
     last_reason: str | None = None
@@ -121,6 +123,7 @@ class ContainerView:
         state_name: ContainerStateName | None = None
         exit_code: int | None = None
         reason: str | None = None
+        message: str | None = None
         finished_at: datetime | None = None
         state = _mapping(obj.get("state"))
         for name in ("terminated", "running", "waiting"):
@@ -129,6 +132,7 @@ class ContainerView:
                 state_name = name
                 exit_code = _int_or_none(detail.get("exitCode"))
                 reason = _str_or_none(detail.get("reason"))
+                message = _str_or_none(detail.get("message"))
                 finished_at = parse_time(detail.get("finishedAt"))
                 break
         last_terminated = _mapping(_mapping(obj.get("lastState")).get("terminated"))
@@ -141,6 +145,7 @@ class ContainerView:
             state=state_name,
             exit_code=exit_code,
             reason=reason,
+            message=message,
             last_exit_code=_int_or_none(last_terminated.get("exitCode")),
             last_reason=_str_or_none(last_terminated.get("reason")),
             unhealthy_resources=_resources_with_health(

@@ -220,3 +220,43 @@ async def test_the_readme_path_restarts_a_failed_worker_in_place(
     ):
         got = kubectl(node_cluster, "get", kind, "--ignore-not-found", "-o", "name", name)
         assert got.strip() == "", f"make uninstall left {kind}/{name}"
+
+
+async def test_the_readme_path_says_why_a_gang_is_stuck_without_the_worker_role(
+    node_cluster: Cluster, node_kube: Kube, node_namespace: str, tmp_path: Path
+) -> None:
+    """The issue's newcomer: the ClusterRole `gangjob-worker` is not there, every agent gets
+    403, and the GangJob says so within a minute (so does `make run`'s log, at start-up)."""
+    ns = node_namespace
+    make(node_cluster, "install")
+    kubectl(node_cluster, "delete", "clusterrole", "gangjob-worker")
+    run = MakeRun(node_cluster, tmp_path / "make-run.log")
+    try:
+        wait_ready(run)
+        assert "ClusterRole gangjob-worker not found" in run.logs()
+        manifest = tmp_path / "fails-once.yaml"
+        manifest.write_text(yaml.safe_dump(JOB))
+        pinned_kubectl(node_cluster, "-n", ns, "apply", "-f", str(manifest))
+
+        def stuck_on_rbac(job: JsonDict) -> bool:
+            conditions = (job.get("status") or {}).get("conditions") or []
+            return any(
+                c["type"] == "Stuck"
+                and c["status"] == "True"
+                and c["reason"] == "WorkerRBACMissing"
+                for c in conditions
+            )
+
+        job = await watch_job(node_kube, ns, "fails-once", stuck_on_rbac, 60, "Stuck on RBAC")
+        described = pinned_kubectl(node_cluster, "-n", ns, "describe", "gangjob", "fails-once")
+    finally:
+        run.stop()
+        print(run.logs())
+    stuck = next(c for c in job["status"]["conditions"] if c["type"] == "Stuck")
+    assert f"ServiceAccount {ns}/gangjob-worker, which may not get pods" in stuck["message"]
+    assert "manifests/rbac/worker_role.yaml" in stuck["message"]
+    assert job["status"]["phase"] == "Pending"
+    # `kubectl describe` shows the condition and the Event.
+    assert "WorkerRBACMissing" in described
+    assert "Warning  WorkerRBACMissing" in described
+    make(node_cluster, "uninstall")

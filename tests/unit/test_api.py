@@ -166,6 +166,8 @@ def test_constants_are_the_protocol_names() -> None:
         "Suspended",
         "ModeDegraded",
         "GangScheduling",
+        "Stuck",
+        "ArrivalDegraded",
     ]
 
 

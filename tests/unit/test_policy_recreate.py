@@ -18,7 +18,7 @@ from api.v1alpha1 import (
     RestartMode,
     dump_status,
 )
-from controller.policy.plan import Observed, PodDelete, plan
+from controller.policy.plan import Observed, PlanConfig, PodDelete, plan
 from controller.policy.recreate import ranks_text
 from tests.unit.builders import T0, make_node
 from tests.unit.gangs import (
@@ -147,7 +147,10 @@ def test_a_worker_below_the_epoch_that_cannot_restart_in_place_is_recreated_with
 def test_barrier_timeout_recreates_the_laggard_without_a_bump() -> None:
     status = restarting_status(detected=GANG_NOW - timedelta(seconds=100))
     pods = [worker(0, 1), worker(1, 1), worker(2, 0)]
-    waiting = plan(gang(status=status, pods=pods, restart={"barrierTimeoutSeconds": 130}))
+    waiting = plan(
+        gang(status=status, pods=pods, restart={"barrierTimeoutSeconds": 130}),
+        PlanConfig(barrier_stall_seconds=600),  # the timeout, not the stall, looks again
+    )
     assert waiting.delete_pods == []
     assert waiting.requeue_after == 30
     observed = gang(status=status, pods=pods, restart={"barrierTimeoutSeconds": 100})

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from typing import Any, cast
 
 import pytest
 
 from api.v1alpha1 import GangJob
-from controller.k8s import GANGJOBS, NODES, PODS, SERVICES, AlreadyExists, NotFound
-from controller.k8s.store import Store
+from controller.k8s import GANGJOBS, NODES, PODS, SERVICES, AlreadyExists, Forbidden, NotFound
+from controller.k8s.store import BY_GANGJOB, Store, gangjob_index
 from controller.manager import Manager
 from controller.policy.plan import Observed, Plan, PlanConfig, PodDelete, plan
-from controller.reconcile import Caches, Outcome, Reconciler
+from controller.reconcile import REFUSED_RETRY_SECONDS, Caches, Outcome, Reconciler, progress_only
 from controller.runtime import metrics
 from tests.unit.builders import T0, job_dict, make_job
 
@@ -128,3 +129,65 @@ async def test_a_pod_group_left_by_a_namesake_holds_the_workers_back() -> None:
     api = CreateRecorder({"Workload/llama-of-2": ours, "PodGroup/llama-of-2": ours})
     await Reconciler(cast(Any, api), caches_of(api)).act(job, job_dict(2), _gang_plan(job))
     assert [k for k, _ in api.created if k == "Pod"] == ["Pod", "Pod"]
+
+
+class QuotaRecorder(CreateRecorder):
+    """Admits `room` pods, then answers as a ResourceQuota does."""
+
+    def __init__(self, room: int) -> None:
+        super().__init__()
+        self.room = room
+        self.events: list[str] = []
+
+    async def create(self, kind: Any, obj: dict[str, Any], namespace: str | None = None) -> Any:
+        if kind.kind == "Event":
+            self.events.append(obj["reason"])
+            return obj
+        if kind.kind == "Pod":
+            if self.room == 0:
+                name = obj["metadata"]["name"]
+                raise Forbidden(403, "Forbidden", f'pods "{name}" is forbidden: exceeded quota: q')
+            self.room -= 1
+        return await super().create(kind, obj, namespace)
+
+
+async def test_a_refused_worker_pod_is_remembered_for_plan_and_tried_again_soon() -> None:
+    api = QuotaRecorder(room=1)
+    kube = cast(Any, api)
+    pods = Store(kube, PODS, indexers={BY_GANGJOB: gangjob_index})
+    caches = Caches(Store(kube, GANGJOBS), pods, Store(kube, NODES), Store(kube, SERVICES))
+    reconciler = Reconciler(cast(Any, api), caches)
+    job = make_job(replicas=2)
+    decided = plan(Observed(job=job, pods=[], nodes={}, service_exists=True, now=T0))
+    out = await reconciler.act(job, job_dict(2), decided)
+    assert out.created == 1
+    assert out.requeue_after == REFUSED_RETRY_SECONDS
+    assert "WorkersCreated" not in api.events  # it would say 2
+    refusal = reconciler.observe(job_dict(2)).creation_refused
+    assert refusal == '403 Forbidden: pods "llama-1" is forbidden: exceeded quota: q'
+    # Room again: created, and the refusal forgotten.
+    api.room = 1
+    decided = plan(Observed(job=job, pods=[], nodes={}, service_exists=True, now=T0))
+    await reconciler.act(job, job_dict(2), dataclasses.replace(decided, create_pods=[]))
+    assert reconciler.observe(job_dict(2)).creation_refused is not None  # nothing tried
+    retry = dataclasses.replace(decided, create_pods=decided.create_pods[1:])
+    await reconciler.act(job, job_dict(2), retry)
+    assert reconciler.observe(job_dict(2)).creation_refused is None
+
+
+def test_counts_in_the_ready_and_stuck_messages_are_progress_a_new_cause_is_not() -> None:
+    def status(ready: str, stuck_reason: str, stuck: str, arrived: int) -> dict[str, Any]:
+        return {
+            "epoch": 0,
+            "workers": {"total": 5000, "arrived": arrived},
+            "conditions": [
+                {"type": "Ready", "status": "False", "reason": "WorkersNotReady", "message": ready},
+                {"type": "Stuck", "status": "True", "reason": stuck_reason, "message": stuck},
+            ],
+        }
+
+    before = status("10/5000 workers ready", "BarrierStalled", "4990 of 5000 workers ...", 10)
+    later = status("20/5000 workers ready", "BarrierStalled", "4980 of 5000 workers ...", 20)
+    assert progress_only(before, later)  # throttled with the counts: every agent reads it
+    other = status("20/5000 workers ready", "AgentCrashLooping", "The agent keeps ...", 20)
+    assert not progress_only(before, other)
