@@ -524,7 +524,7 @@ class SimKubelet:
             mine = pod is not None and pod["metadata"]["uid"] == w.uid
             status = json_copy(pod.get("status", {})) if pod is not None and mine else {}
         change(status)
-        self.status.set(w.name, w.uid, status, functools.partial(_mark, w.written, kind))
+        self.status.set(w.name, w.uid, status, functools.partial(self._mark, w.written, kind))
 
     async def _restart_all(self, w: Worker, why: str) -> None:
         """KEP-5532: every container of the pod restarts; same pod, UID, IP and volumes. The
@@ -549,6 +549,11 @@ class SimKubelet:
         w.restarts += 1
         self._start_worker(pod)
         self._set_status(w, "running", functools.partial(_running, _now()))
+
+    def _mark(self, written: dict[str, float], kind: str, at: float) -> None:
+        """A status write returned: `Worker.written` says so, and `wait` looks again."""
+        written[kind] = at
+        self._poke()
 
     def _still(self, w: Worker) -> bool:
         """The worker still runs here: its pod not gone, recreated or lost meanwhile."""
@@ -697,10 +702,6 @@ def _terminated(stamp: str, codes: Callable[[str], int | None], status: JsonDict
         c["state"] = {"terminated": {**term, "startedAt": stamp, "finishedAt": stamp}}
         c["ready"] = False
     status["phase"] = "Failed" if failed else "Succeeded"
-
-
-def _mark(written: dict[str, float], kind: str, at: float) -> None:
-    written[kind] = at
 
 
 def _write(path: Path, text: str) -> None:

@@ -455,9 +455,7 @@ async def test_process_mode_a_trainer_done_ends_its_container_and_pod(world: Wor
     trainer = next(c for c in pod["status"]["containerStatuses"] if c["name"] == "trainer")
     assert trainer["state"]["terminated"]["exitCode"] == 0
     # The watch can show the status before the write's own answer is read: wait for that too.
-    async with asyncio.timeout(10):
-        while "exited" not in world.sim.workers["done-1"].written:
-            await asyncio.sleep(0.05)
+    await world.sim.wait(lambda sim: "exited" in sim.workers["done-1"].written, 10)
 
     await world.sim.crash("done-0", 0)
     job = await watch_job(
