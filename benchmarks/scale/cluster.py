@@ -190,12 +190,17 @@ async def teardown_gang(w: World, name: str) -> None:
         await w.kube.delete(GANGJOBS, name, w.ns)
     path = f"/api/v1/namespaces/{w.ns}/pods"
     slots = asyncio.Semaphore(TEARDOWN_CONCURRENCY)
+    progress = Progress(f"N={w.n} deleting {name}")
+    deleted = 0
 
     async def delete(pod: str) -> None:
+        nonlocal deleted
         async with slots:
             for attempt in range(1, 21):
                 try:
                     await w.api.delete(f"{path}/{pod}", {"gracePeriodSeconds": 0})
+                    deleted += 1
+                    progress.tick(f"{deleted}/{len(mine)} pods deleted")
                     return
                 except ApiError as e:
                     if e.status == 404:
@@ -210,7 +215,7 @@ async def teardown_gang(w: World, name: str) -> None:
     await asyncio.gather(*(delete(p) for p in mine))
     await milestones(
         {"gone": polled(lambda: not w.s.pods)}, w.timeout(0.1),
-        Progress(f"N={w.n} deleting {name}"), lambda: f"{len(w.s.pods)} pods left",
+        progress, lambda: f"{len(w.s.pods)} pods left",
     )  # fmt: skip
 
 
