@@ -87,9 +87,17 @@ def _sections(path: str, schema: Mapping[str, Any], out: list[str]) -> None:
         out.append(_cell(schema["description"]) + "\n")
     if schema.get("x-kubernetes-preserve-unknown-fields"):
         out.append("\nFields not listed here are kept as given (a Kubernetes core type).\n")
+    # An embedded Kubernetes type (the pod template, api.podtemplate) comes without
+    # descriptions: only the fields our models describe or constrain are listed.
+    listed = {name: prop for name, prop in props.items() if prop.get("description")}
+    if len(listed) < len(props):
+        out.append(
+            "\nFields not listed here are those of the Kubernetes core type (`kubectl explain "
+            "pod`), validated against its schema: a field it does not have is refused.\n"
+        )
     out.append("\n| field | type | default | description |\n| --- | --- | --- | --- |\n")
     nested: list[tuple[str, Mapping[str, Any]]] = []
-    for name, prop in props.items():
+    for name, prop in listed.items():
         sub = _object(prop)
         child = f"{path}.{name}" + ("[]" if prop.get("type") == "array" else "")
         label = f"[`{name}`](#{_anchor(child)})" if sub is not None else f"`{name}`"
