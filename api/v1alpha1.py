@@ -855,11 +855,14 @@ _SPEC_RULES: Final[list[JsonValue]] = [
     },
     *(
         _rule(
-            rule=f"!({when}) || (has(self.template) ? {_trainer_is('self', _HAS_COMMAND)} : "
-            f"self.roles.all(r, {_trainer_is('r', _HAS_COMMAND)}))",
-            message="template.spec.containers[].command (with spec.roles, each role's): "
+            rule=f"!has(self.{field}) || !({when}) || {trainer_has_command}",
+            message=f"{field}{each}.template.spec.containers[].command: "
             + _COMMAND_MESSAGE.format(why=why),
-            field_path=".template",
+            field_path=f".{field}",
+        )
+        for field, each, trainer_has_command in (
+            ("template", "", _trainer_is("self", _HAS_COMMAND)),
+            ("roles", "[]", f"self.roles.all(r, {_trainer_is('r', _HAS_COMMAND)})"),
         )
         for when, why in (
             (
