@@ -198,8 +198,10 @@ _PORTS_MAX: Final = 64
 _PATH_MAX: Final = 4096
 _AFFINITY_TERMS_MAX: Final = 32
 _LABEL_KEY_MAX: Final = 317
-_RESERVED_CONTAINERS: Final = (AGENT_CONTAINER, AGENT_INSTALL_CONTAINER)
-_RESERVED_VOLUMES: Final = (AGENT_VOLUME, AGENT_TOKEN_VOLUME, ARRIVAL_TOKEN_VOLUME)
+RESERVED_CONTAINERS: Final = (AGENT_CONTAINER, AGENT_INSTALL_CONTAINER)
+"""Container names a template may not use: the controller injects these."""
+RESERVED_VOLUMES: Final = (AGENT_VOLUME, AGENT_TOKEN_VOLUME, ARRIVAL_TOKEN_VOLUME)
+"""Volume names a template may not use: the controller injects these."""
 HOSTNAME_TOPOLOGY_KEY: Final = "kubernetes.io/hostname"
 
 
@@ -247,8 +249,8 @@ _TEMPLATE_RULES: Final[list[JsonValue]] = [
     *(
         _rule(
             rule=f"!has(self.spec.{key}) || self.spec.{key}.all(c, "
-            f"!(c.name in {_cel_list(_RESERVED_CONTAINERS)}))",
-            message=f"spec.{key}[].name: {', '.join(_RESERVED_CONTAINERS)} are reserved for "
+            f"!(c.name in {_cel_list(RESERVED_CONTAINERS)}))",
+            message=f"spec.{key}[].name: {', '.join(RESERVED_CONTAINERS)} are reserved for "
             "the agent containers the controller injects",
             field_path=f".spec.{key}",
         )
@@ -256,8 +258,8 @@ _TEMPLATE_RULES: Final[list[JsonValue]] = [
     ),
     {
         "rule": "!has(self.spec.volumes) || self.spec.volumes.all(v, "
-        f"!(v.name in {_cel_list(_RESERVED_VOLUMES)}))",
-        "message": f"spec.volumes[].name: {', '.join(_RESERVED_VOLUMES)} are reserved for the "
+        f"!(v.name in {_cel_list(RESERVED_VOLUMES)}))",
+        "message": f"spec.volumes[].name: {', '.join(RESERVED_VOLUMES)} are reserved for the "
         "volumes the controller injects",
         "fieldPath": ".spec.volumes",
     },
