@@ -2,6 +2,7 @@
 the golden file (generated == committed). That the apiserver accepts it is an integration test.
 """
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -309,6 +310,24 @@ def test_cel_rules_have_bounded_cost() -> None:
     exit_codes = at(".spec.failurePolicy.rules")["items"]["properties"]["onExitCodes"]
     assert exit_codes["properties"]["values"]["maxItems"] <= 256
     assert exit_codes["properties"]["containerName"]["maxLength"] == 63
+    # What the template rules search (api.v1alpha1 `_TEMPLATE_RULES`), in both templates.
+    for prefix in (".spec.template.spec", ".spec.roles[].template.spec"):
+        for containers in ("containers", "initContainers"):
+            node = at(f"{prefix}.{containers}")
+            assert node["maxItems"] <= 100
+            item = node["items"]["properties"]
+            assert item["ports"]["maxItems"] <= 64
+            assert item["volumeMounts"]["maxItems"] <= 256
+            assert item["volumeMounts"]["items"]["properties"]["mountPath"]["maxLength"] <= 4096
+        assert at(f"{prefix}.volumes")["maxItems"] <= 256
+        anti = at(f"{prefix}.affinity.podAntiAffinity")["properties"]
+        assert anti["requiredDuringSchedulingIgnoredDuringExecution"]["maxItems"] <= 32
+
+
+def test_the_crd_fits_a_client_side_apply() -> None:
+    # `kubectl apply` without --server-side keeps the whole object in an annotation, which the
+    # apiserver caps at 256 KiB: the embedded pod templates must leave room.
+    assert len(json.dumps(crd.build_crd(), separators=(",", ":"))) < 200 * 1024
 
 
 # --- structural ------------------------------------------------------------------------------
