@@ -141,7 +141,7 @@ def _convert(
             # A list-map key must be required or defaulted; the API's default is the one
             # the apiserver applies to pods anyway.
             if key not in item.get("required", []):
-                default = node_default(node["items"], key, schemas)
+                default = _list_map_default(node["items"], key, schemas)
                 if default is None:
                     raise ValueError(f"list-map key {key} is neither required nor defaulted")
                 item["properties"][key]["default"] = default
@@ -150,7 +150,7 @@ def _convert(
     return out
 
 
-def node_default(items: Mapping[str, Any], key: str, schemas: Mapping[str, Any]) -> Any:
+def _list_map_default(items: Mapping[str, Any], key: str, schemas: Mapping[str, Any]) -> Any:
     """The API's default of property `key` of the list items `items` (a `$ref` or inline)."""
     all_of = items.get("allOf")
     ref = items.get("$ref") or (all_of[0].get("$ref") if all_of else None)
