@@ -3,7 +3,9 @@ names of docs/design.md section 3b, and the helpers that parse an API object and
 
 The CRD's schema is generated from these models (`api.crd`); the validation rules that a schema
 alone cannot express are CEL rules attached here, next to the fields they constrain, and mirrored
-by pydantic validators so that Python code sees the same errors as the apiserver.
+by pydantic validators so that Python code sees the same errors as the apiserver. The rules on
+pod templates and condition types are the apiserver's alone: an object stored before them must
+still parse, and the pod builder (controller.policy.podspec) checks the template again.
 """
 
 from collections.abc import Mapping
@@ -627,10 +629,11 @@ class SchedulingSpec(_Model):
 
 def _trainer_is(where: str, predicate: str) -> str:
     """CEL: the trainer container of `where` (the spec's shorthand or a role: both have
-    `template` and `trainerContainer`) is `c` with `predicate` true."""
+    `template` and `trainerContainer`) is `c` with `predicate` true. Holds when there is no
+    such container: the `trainerContainer` rule says so, once."""
     containers = f"{where}.template.spec.containers"
     name = f"(has({where}.trainerContainer) ? {where}.trainerContainer : {containers}[0].name)"
-    return f"{containers}.exists(c, c.name == {name} && {predicate})"
+    return f"{containers}.all(c, c.name != {name} || ({predicate}))"
 
 
 # The controller sets the trainer's restart policy (Never, and the rules of the restart mode).
