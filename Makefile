@@ -45,7 +45,12 @@ install: setup ## the CRD, the agents' ClusterRole and the admission policy into
 	$(KUBECTL) apply --server-side --force-conflicts -k manifests/crd
 	$(KUBECTL) apply --server-side --force-conflicts -f manifests/rbac/worker_role.yaml
 	$(KUBECTL) apply --server-side --force-conflicts -k manifests/policy
-	$(KUBECTL) wait --for condition=Established crd/gangjobs.gangjob.io --timeout=60s
+	@# Retried: a CRD just created on a fresh apiserver has `conditions: null` for a moment,
+	@# which `kubectl wait` takes for an error rather than for "not yet".
+	@for try in 1 2 3 4 5; do \
+		$(KUBECTL) wait --for condition=Established crd/gangjobs.gangjob.io --timeout=60s \
+			&& exit 0; sleep 1; \
+	done; exit 1
 
 uninstall: setup ## remove what `install` applied (with the CRD, every GangJob)
 	$(KUBECTL) delete --ignore-not-found -k manifests/policy

@@ -43,11 +43,15 @@ class TransportError(ClientError):
 class ApiError(ClientError):
     """The apiserver answered with an error status."""
 
-    def __init__(self, status: int, reason: str = "", message: str = "") -> None:
+    def __init__(
+        self, status: int, reason: str = "", message: str = "", retry_after: float | None = None
+    ) -> None:
         super().__init__(f"HTTP {status} {reason}: {message}".rstrip(": "))
         self.status = status
         self.reason = reason
         self.message = message
+        self.retry_after = retry_after
+        """Seconds from a `Retry-After` header (429, 503), if the answer had one."""
 
     @property
     def gone(self) -> bool:
@@ -55,15 +59,21 @@ class ApiError(ClientError):
         return self.status == 410
 
     @classmethod
-    def from_status(cls, status: int, body: bytes) -> ApiError:
-        """From the response status and its body (a `Status` object, or anything else)."""
+    def from_status(
+        cls, status: int, body: bytes, headers: Mapping[str, str] | None = None
+    ) -> ApiError:
+        """From the response status, its body (a `Status` object, or anything else) and its
+        headers (lower-case names)."""
         reason, message = "", body[:200].decode(errors="replace")
         with contextlib.suppress(ValueError):
             obj = json.loads(body)
             if isinstance(obj, dict):
                 reason = str(obj.get("reason") or "")
                 message = str(obj.get("message") or "")
-        return cls(status, reason, message)
+        retry_after = None
+        with contextlib.suppress(ValueError):  # the HTTP-date form is not used by our servers
+            retry_after = max(0.0, float((headers or {}).get("retry-after", "")))
+        return cls(status, reason, message, retry_after)
 
 
 class Api(Protocol):
@@ -377,7 +387,7 @@ class HttpClient:
             if head.status != 200:
                 raw = await self._body(conn, head, inactivity_timeout)
                 reusable = head.keep_alive
-                raise ApiError.from_status(head.status, raw)
+                raise ApiError.from_status(head.status, raw, head.headers)
             if not head.chunked:
                 raise TransportError(f"{method} {target}: the answer is not a chunked stream")
             lines = LineSplitter()

@@ -11,6 +11,8 @@ The report lives in the controller's memory only, so the agent keeps it alive: w
 breaks (controller restarted, leadership moved) the agent sends it again. If the controller
 cannot be reached for `Config.direct_fallback_seconds`, or refuses the agent's token, the
 agent writes the annotation instead, exactly as without this channel, and watches the apiserver.
+A controller that answers 429 is reachable, only busy: the agent waits as told and reports again,
+however long that takes.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from api.constants import ARRIVALS_PATH
 
 STREAM_INACTIVITY_SECONDS = 90.0
 """The controller writes the state line again every 30 s; this long silent is a dead stream."""
+BUSY_RETRY_MAX_SECONDS = 30.0
+"""A 429's `Retry-After` is followed up to this long."""
 
 
 class Streamer(Protocol):
@@ -155,6 +159,13 @@ class DirectArrival:
                 if e.status in (401, 403):
                     self._log.error("the controller refused the arrival report: %s", e)
                     return await self._fall_back(epoch, exit, accepted)
+                if e.status == 429:
+                    # The controller is up and busy: waiting is the cure. Arriving by
+                    # annotation instead would only move the load onto the apiserver.
+                    delay = min(e.retry_after or backoff.next(), BUSY_RETRY_MAX_SECONDS)
+                    self._log.info("controller busy (%s); report again in %.1fs", e, delay)
+                    await asyncio.sleep(delay)
+                    continue
                 failure = str(e)
             except ClientError as e:
                 failure = str(e)

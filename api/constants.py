@@ -106,6 +106,30 @@ class ConditionType(StrEnum):
     endpoint: they cannot reach it."""
 
 
+POD_CONDITION_TYPES: Final = (
+    "PodScheduled",
+    "PodReadyToStartContainers",
+    "Initialized",
+    "Ready",
+    "ContainersReady",
+    "DisruptionTarget",
+    "PodResizePending",
+    "PodResizeInProgress",
+    "AllContainersRestarting",
+)
+"""The pod condition types Kubernetes sets: a failure rule's `onPodConditions[].type` is one of
+them unless the matcher says `custom: true` (a typo would otherwise never match)."""
+NODE_CONDITION_TYPES: Final = (
+    "Ready",
+    "MemoryPressure",
+    "DiskPressure",
+    "PIDPressure",
+    "NetworkUnavailable",
+)
+"""The node condition types Kubernetes sets; `onNodeConditions[].type` likewise (a problem
+detector's own, e.g. `GpuXidError`, with `custom: true`)."""
+
+
 # Kueue's pod-group integration (sigs.k8s.io/kueue): a GangJob labelled with a queue name has
 # its workers admitted by Kueue as one pod group (controller/policy/kueue.py).
 KUEUE_QUEUE_NAME_LABEL: Final = "kueue.x-k8s.io/queue-name"

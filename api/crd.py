@@ -24,6 +24,7 @@ from api.constants import (
     SINGULAR,
     VERSION,
 )
+from api.podtemplate import pod_template_schema
 from api.v1alpha1 import GangJobSpec, GangJobStatus
 
 
@@ -175,6 +176,61 @@ def _ordered(node: dict[str, Any]) -> dict[str, Any]:
     return ordered
 
 
+def overlay(base: Mapping[str, Any], over: Mapping[str, Any], path: str = "") -> dict[str, Any]:
+    """`over` laid on `base`: properties, items and additionalProperties merged node by node,
+    `required` joined, any other keyword of `over` winning. `over` may only constrain or
+    describe fields `base` has: a property it alone has is a SchemaError."""
+    out = dict(base)
+    for key, value in over.items():
+        if key == "properties":
+            props = dict(base.get("properties", {}))
+            for name, prop in value.items():
+                if name not in props:
+                    raise SchemaError(f"{path}.{name}: not a field of the embedded schema")
+                props[name] = overlay(props[name], prop, f"{path}.{name}")
+            out[key] = props
+        elif key in ("items", "additionalProperties") and isinstance(base.get(key), Mapping):
+            out[key] = overlay(base[key], value, f"{path}[]")
+        elif key == "required":
+            out[key] = [*base.get(key, []), *(k for k in value if k not in base.get(key, []))]
+        else:
+            out[key] = value
+    return out
+
+
+def _ordered_tree(node: Mapping[str, Any], path: str = "") -> dict[str, Any]:
+    unknown = set(node) - _ALLOWED_KEYS
+    if unknown:
+        raise SchemaError(f"{path}: keywords not allowed in a CRD schema: {sorted(unknown)}")
+    out = _ordered(dict(node))
+    if "properties" in out:
+        out["properties"] = {
+            name: _ordered_tree(prop, f"{path}.{name}") for name, prop in out["properties"].items()
+        }
+    for key in ("items", "additionalProperties"):
+        if isinstance(out.get(key), Mapping):
+            out[key] = _ordered_tree(out[key], f"{path}[]")
+    return out
+
+
+# Where the spec holds a core/v1 PodTemplateSpec: the models give its overlay (bounds,
+# descriptions, rules), api.podtemplate the schema under it.
+_POD_TEMPLATE_PATHS: Final = (("template",), ("roles", "[]", "template"))
+
+
+def embed_pod_templates(spec: dict[str, Any], template: Mapping[str, Any]) -> dict[str, Any]:
+    """The spec schema with each pod template node laid over the PodTemplateSpec `template`."""
+    for path in _POD_TEMPLATE_PATHS:
+        parent = spec
+        for part in path[:-1]:
+            parent = parent["items"] if part == "[]" else parent["properties"][part]
+        name = path[-1]
+        parent["properties"][name] = _ordered_tree(
+            overlay(template, parent["properties"][name], ".".join(path))
+        )
+    return spec
+
+
 # --- the CRD --------------------------------------------------------------------------------
 
 # Worker pods are named `<name>-<rank>` (`<name>-<role>-<index>` with roles), the hostnames
@@ -259,6 +315,7 @@ PRINTER_COLUMNS: Final = [
 def openapi_schema() -> dict[str, Any]:
     """The `openAPIV3Schema` of the GangJob version."""
     spec = structural_schema(GangJobSpec.model_json_schema(by_alias=True, mode="validation"))
+    spec = embed_pod_templates(spec, pod_template_schema())
     status = structural_schema(GangJobStatus.model_json_schema(by_alias=True, mode="validation"))
     root = {
         "description": "A gang of worker pods running one distributed training job, restarted "

@@ -12,6 +12,9 @@ from pathlib import Path
 from typing import Any, Final
 
 from api.constants import (
+    AGENT_PORT_NAME,
+    DEFAULT_AGENT_PORT,
+    DEFAULT_DIR,
     ENV_MASTER_ADDR,
     ENV_MASTER_PORT,
     ENV_RANK,
@@ -25,11 +28,25 @@ from api.constants import (
     LABEL_RANK,
     LABEL_ROLE,
     LABEL_ROLE_INDEX,
+    NODE_CONDITION_TYPES,
+    POD_CONDITION_TYPES,
     SHORT_NAME,
     VERSION,
 )
 from api.crd import PRINTER_COLUMNS, openapi_schema
-from api.v1alpha1 import IMMUTABLE_FIELDS, SHORTHAND_ROLE
+from api.podtemplate import KUBERNETES_VERSION as PINNED_KUBERNETES
+from api.v1alpha1 import (
+    HOSTNAME_TOPOLOGY_KEY,
+    IMMUTABLE_FIELDS,
+    RESERVED_CONTAINERS,
+    RESERVED_VOLUMES,
+    SHORTHAND_ROLE,
+)
+
+
+def _names(names: Sequence[str]) -> str:
+    return ", ".join(f"`{name}`" for name in names)
+
 
 DEFAULT_OUT: Final = Path(__file__).resolve().parent.parent / "docs" / "api.md"
 HEADER: Final = (
@@ -87,9 +104,17 @@ def _sections(path: str, schema: Mapping[str, Any], out: list[str]) -> None:
         out.append(_cell(schema["description"]) + "\n")
     if schema.get("x-kubernetes-preserve-unknown-fields"):
         out.append("\nFields not listed here are kept as given (a Kubernetes core type).\n")
+    # An embedded Kubernetes type (the pod template, api.podtemplate) comes without
+    # descriptions: only the fields our models describe or constrain are listed.
+    listed = {name: prop for name, prop in props.items() if prop.get("description")}
+    if len(listed) < len(props):
+        out.append(
+            "\nFields not listed here are those of the Kubernetes core type (`kubectl explain "
+            "pod`), validated against its schema: a field it does not have is refused.\n"
+        )
     out.append("\n| field | type | default | description |\n| --- | --- | --- | --- |\n")
     nested: list[tuple[str, Mapping[str, Any]]] = []
-    for name, prop in props.items():
+    for name, prop in listed.items():
         sub = _object(prop)
         child = f"{path}.{name}" + ("[]" if prop.get("type") == "array" else "")
         label = f"[`{name}`](#{_anchor(child)})" if sub is not None else f"`{name}`"
@@ -284,6 +309,36 @@ running would disagree with new ones about `{ENV_WORLD_SIZE}`, `{ENV_RANK}` or `
 Everything else may change: e.g. `suspend`, `restart` (the budget `maxRestarts`, `backoffSeconds`,
 `barrierTimeoutSeconds`, `mode`), `failurePolicy`, `successPolicy`, `success`, `nodeLoss`,
 `ttlSecondsAfterFinished`.
+
+### Validation at admission
+
+What would fail later, when pods are created, or silently, is refused at `kubectl apply`, the
+message naming the field and the rule:
+
+- **The pod template is a real `PodTemplateSpec`.** `template` and `roles[].template` are
+  validated against the schema of Kubernetes {PINNED_KUBERNETES} (generated from its OpenAPI by
+  `make manifests`): a misspelt field, e.g. `resource:` for `resources:`, is refused
+  (`unknown field "spec.template.spec.containers[0].resource"`), a mistyped one too. The
+  template's `metadata` takes `labels` and `annotations`. Enumerated values (`imagePullPolicy`)
+  are not in Kubernetes' OpenAPI and are still checked when the pods are created.
+- **What the controller adds to every worker is reserved**: container names
+  {_names(RESERVED_CONTAINERS)}; volume names {_names(RESERVED_VOLUMES)}; the mount path
+  `{DEFAULT_DIR}` (in any container); the port {DEFAULT_AGENT_PORT} and the port name
+  `{AGENT_PORT_NAME}` (in any container: they share the pod's network).
+- **`hostNetwork: true`** needs a required pod anti-affinity term with `topologyKey:
+  {HOSTNAME_TOPOLOGY_KEY}`. The agent listens on port {DEFAULT_AGENT_PORT} of every worker; on
+  the host network two workers on one node would collide, and where workers land is not known
+  at admission, so the template must rule it out itself (its `labelSelector` should select the
+  gang, e.g. `{LABEL_NAME}: <job>`).
+- **The trainer's restarts are the controller's**: the trainer container's `restartPolicy` is
+  unset or `Never`, and its `restartPolicyRules` unset.
+- **The trainer's `command` is required** with `restart.mode: Process` and with
+  `nprocPerNode` (the agent runs it; the image's ENTRYPOINT is unknown to the controller).
+- **Condition types of failure rules**: `onPodConditions[].type` is one Kubernetes sets
+  ({_names(POD_CONDITION_TYPES)}), `onNodeConditions[].type` likewise
+  ({_names(NODE_CONDITION_TYPES)}), so that a misspelt type is refused rather than never
+  matching. Another component's condition (a node problem detector's `GpuXidError`, a device
+  plugin's) is matched by saying so: `custom: true` on the matcher.
 """
 
 

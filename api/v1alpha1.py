@@ -3,7 +3,9 @@ names of docs/design.md section 3b, and the helpers that parse an API object and
 
 The CRD's schema is generated from these models (`api.crd`); the validation rules that a schema
 alone cannot express are CEL rules attached here, next to the fields they constrain, and mirrored
-by pydantic validators so that Python code sees the same errors as the apiserver.
+by pydantic validators so that Python code sees the same errors as the apiserver. The rules on
+pod templates and condition types are the apiserver's alone: an object stored before them must
+still parse, and the pod builder (controller.policy.podspec) checks the template again.
 """
 
 from collections.abc import Mapping
@@ -28,7 +30,23 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from api.constants import API_VERSION, AVOID_NODES_LIMIT, HISTORY_LIMIT, KIND, NPROC_AUTO
+from api.constants import (
+    AGENT_CONTAINER,
+    AGENT_INSTALL_CONTAINER,
+    AGENT_PORT_NAME,
+    AGENT_TOKEN_VOLUME,
+    AGENT_VOLUME,
+    API_VERSION,
+    ARRIVAL_TOKEN_VOLUME,
+    AVOID_NODES_LIMIT,
+    DEFAULT_AGENT_PORT,
+    DEFAULT_DIR,
+    HISTORY_LIMIT,
+    KIND,
+    NODE_CONDITION_TYPES,
+    NPROC_AUTO,
+    POD_CONDITION_TYPES,
+)
 
 # --- wire types -----------------------------------------------------------------------------
 
@@ -174,25 +192,133 @@ _ROLE_NAME_PATTERN: Final = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 SHORTHAND_ROLE: Final = "worker"
 """The name of the one role a GangJob written with `replicas` + `template` has."""
 
+# Bounds on the lists and strings of the template that CEL rules search: the apiserver refuses
+# a CRD whose rules' estimated cost is unbounded. Generous for a training pod.
+_VOLUMES_MAX: Final = 256
+_MOUNTS_MAX: Final = 256
+_PORTS_MAX: Final = 64
+_PATH_MAX: Final = 4096
+_AFFINITY_TERMS_MAX: Final = 32
+_LABEL_KEY_MAX: Final = 317
+RESERVED_CONTAINERS: Final = (AGENT_CONTAINER, AGENT_INSTALL_CONTAINER)
+"""Container names a template may not use: the controller injects these."""
+RESERVED_VOLUMES: Final = (AGENT_VOLUME, AGENT_TOKEN_VOLUME, ARRIVAL_TOKEN_VOLUME)
+"""Volume names a template may not use: the controller injects these."""
+HOSTNAME_TOPOLOGY_KEY: Final = "kubernetes.io/hostname"
+
+
+def _rule(rule: str, message: str, field_path: str) -> JsonValue:
+    return {"rule": rule, "message": message, "fieldPath": field_path}
+
+
+def _cel_list(values: tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"'{v}'" for v in values) + "]"
+
+
+def _bounded_list(items: int, field: str, length: int) -> dict[str, Any]:
+    return {
+        "type": "array",
+        "maxItems": items,
+        "items": {
+            "type": "object",
+            "properties": {field: {"type": "string", "maxLength": length}},
+        },
+    }
+
+
+def _container_overlay(what: str) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "description": what,
+        "required": ["name", "image"],
+        "properties": {
+            "name": {
+                "type": "string",
+                "description": "Name of the container, unique in the pod.",
+                "minLength": 1,
+                "maxLength": _CONTAINER_NAME_MAX,
+            },
+            "image": {"type": "string", "description": "Container image.", "minLength": 1},
+            "ports": _bounded_list(_PORTS_MAX, "name", 15),
+            "volumeMounts": _bounded_list(_MOUNTS_MAX, "mountPath", _PATH_MAX),
+        },
+    }
+
+
+# What a template may not use, because the controller adds it to every worker pod
+# (controller/policy/podspec.py) or because two workers on one host would collide on it.
+_TEMPLATE_RULES: Final[list[JsonValue]] = [
+    *(
+        _rule(
+            rule=f"!has(self.spec.{key}) || self.spec.{key}.all(c, "
+            f"!(c.name in {_cel_list(RESERVED_CONTAINERS)}))",
+            message=f"spec.{key}[].name: {', '.join(RESERVED_CONTAINERS)} are reserved for "
+            "the agent containers the controller injects",
+            field_path=f".spec.{key}",
+        )
+        for key in ("containers", "initContainers")
+    ),
+    {
+        "rule": "!has(self.spec.volumes) || self.spec.volumes.all(v, "
+        f"!(v.name in {_cel_list(RESERVED_VOLUMES)}))",
+        "message": f"spec.volumes[].name: {', '.join(RESERVED_VOLUMES)} are reserved for the "
+        "volumes the controller injects",
+        "fieldPath": ".spec.volumes",
+    },
+    *(
+        _rule(
+            rule=f"!has(self.spec.{key}) || self.spec.{key}.all(c, "
+            "!has(c.volumeMounts) || c.volumeMounts.all(m, "
+            f"m.mountPath != '{DEFAULT_DIR}' && m.mountPath != '{DEFAULT_DIR}/'))",
+            message=f"spec.{key}[].volumeMounts[].mountPath: {DEFAULT_DIR} is reserved for "
+            "the agent's directory, which the controller mounts",
+            field_path=f".spec.{key}",
+        )
+        for key in ("containers", "initContainers")
+    ),
+    *(
+        _rule(
+            rule=f"!has(self.spec.{key}) || self.spec.{key}.all(c, !has(c.ports) || "
+            f"c.ports.all(p, p.containerPort != {DEFAULT_AGENT_PORT} && "
+            f"(!has(p.name) || p.name != '{AGENT_PORT_NAME}')))",
+            message=f"spec.{key}[].ports[]: port {DEFAULT_AGENT_PORT} and the name "
+            f"{AGENT_PORT_NAME} are reserved for the agent, which listens on them in every "
+            "worker pod",
+            field_path=f".spec.{key}",
+        )
+        for key in ("containers", "initContainers")
+    ),
+    {
+        # The agent listens on its fixed port in every worker: on the host network, two
+        # workers on one node collide. Where workers land is not known at admission, so the
+        # template must rule it out itself.
+        "rule": "!has(self.spec.hostNetwork) || !self.spec.hostNetwork || "
+        "(has(self.spec.affinity) && has(self.spec.affinity.podAntiAffinity) && "
+        "has(self.spec.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution)"
+        " && self.spec.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+        f".exists(t, t.topologyKey == '{HOSTNAME_TOPOLOGY_KEY}'))",
+        "message": f"spec.hostNetwork: the agent listens on port {DEFAULT_AGENT_PORT} of every "
+        "worker, so two workers on one node would collide: with hostNetwork, set a required "
+        f"podAntiAffinity term with topologyKey {HOSTNAME_TOPOLOGY_KEY} (one worker per node)",
+        "fieldPath": ".spec.hostNetwork",
+    },
+]
+
 _POD_TEMPLATE_SCHEMA: Final[dict[str, Any]] = {
+    # The overlay of the generated core/v1 PodTemplateSpec schema (api.podtemplate), which
+    # api.crd puts under it: what our rules need bounded, our descriptions, and the rules.
     "type": "object",
-    # A full PodTemplateSpec schema would add ~15k lines to the CRD; only what our own rules
-    # read is typed, the rest is kept as the user wrote it and validated when pods are created.
-    "x-kubernetes-preserve-unknown-fields": True,
-    "x-kubernetes-embedded-resource": False,
     "required": ["spec"],
     "properties": {
         "metadata": {
             "type": "object",
             "description": "Labels and annotations of every worker pod; the controller adds "
             "its own `gangjob.io/*` labels.",
-            "x-kubernetes-preserve-unknown-fields": True,
         },
         "spec": {
             "type": "object",
             "description": "PodSpec of every worker. The controller sets the restart policy, "
             "hostname, subdomain, and adds the agent and the worker environment.",
-            "x-kubernetes-preserve-unknown-fields": True,
             "required": ["containers"],
             "properties": {
                 "containers": {
@@ -201,25 +327,23 @@ _POD_TEMPLATE_SCHEMA: Final[dict[str, Any]] = {
                     "`spec.trainerContainer` names another.",
                     "minItems": 1,
                     "maxItems": _CONTAINERS_MAX,
-                    # As in PodSpec: container names are unique.
-                    "x-kubernetes-list-type": "map",
-                    "x-kubernetes-list-map-keys": ["name"],
-                    "items": {
-                        "type": "object",
-                        "description": "A container (core/v1 Container).",
-                        "x-kubernetes-preserve-unknown-fields": True,
-                        "required": ["name", "image"],
-                        "properties": {
-                            "name": {
-                                "type": "string",
-                                "description": "Name of the container, unique in the pod.",
-                                "minLength": 1,
-                                "maxLength": _CONTAINER_NAME_MAX,
-                            },
-                            "image": {
-                                "type": "string",
-                                "description": "Container image.",
-                                "minLength": 1,
+                    "items": _container_overlay("A container (core/v1 Container)."),
+                },
+                "initContainers": {
+                    "type": "array",
+                    "maxItems": _CONTAINERS_MAX,
+                    "items": _container_overlay("An init container (core/v1 Container)."),
+                },
+                "volumes": _bounded_list(_VOLUMES_MAX, "name", _CONTAINER_NAME_MAX),
+                "affinity": {
+                    "type": "object",
+                    "properties": {
+                        "podAntiAffinity": {
+                            "type": "object",
+                            "properties": {
+                                "requiredDuringSchedulingIgnoredDuringExecution": _bounded_list(
+                                    _AFFINITY_TERMS_MAX, "topologyKey", _LABEL_KEY_MAX
+                                ),
                             },
                         },
                     },
@@ -227,10 +351,12 @@ _POD_TEMPLATE_SCHEMA: Final[dict[str, Any]] = {
             },
         },
     },
+    "x-kubernetes-validations": _TEMPLATE_RULES,
 }
 
 PodTemplate = Annotated[dict[str, Any], WithJsonSchema(_POD_TEMPLATE_SCHEMA)]
-"""A core/v1 PodTemplateSpec, kept as the raw dict the user wrote."""
+"""A core/v1 PodTemplateSpec, kept as the raw dict the user wrote (the apiserver validated it
+against the schema of api.podtemplate, and pruned nothing it knows)."""
 
 
 def _template_container_names(template: Mapping[str, Any]) -> list[str]:
@@ -331,10 +457,37 @@ class ExitCodesMatcher(_Model):
         return self
 
 
+def _condition_type_rule(kind: str, known: tuple[str, ...]) -> ConfigDict:
+    # A typo in a condition type makes a rule that never matches, silently.
+    return ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": f"(has(self.custom) && self.custom) || self.type in {list(known)!r}",
+                    "message": f"type must be a {kind} condition type Kubernetes sets "
+                    f"({', '.join(known)}); for another (a problem detector's, a device "
+                    "plugin's) set custom: true",
+                    "fieldPath": ".type",
+                },
+            ],
+        },
+    )
+
+
+_CUSTOM_DESCRIPTION: Final = (
+    "The type is not one Kubernetes sets but another component's (a problem detector, a device "
+    "plugin): it is matched as written. Unset: the type must be a Kubernetes one, so that a "
+    "misspelt type is refused rather than never matching."
+)
+
+
 class PodConditionMatcher(_Model):
     """Matches a condition of the worker's pod, e.g. `DisruptionTarget` with its reason."""
 
+    model_config = _condition_type_rule("pod", POD_CONDITION_TYPES)
+
     type: str = Field(min_length=1, max_length=316, description="Condition type.")
+    custom: bool | None = Field(default=None, description=_CUSTOM_DESCRIPTION)
     reason: str | None = Field(
         default=None,
         max_length=1024,
@@ -348,9 +501,14 @@ class PodConditionMatcher(_Model):
 class NodeConditionMatcher(_Model):
     """Matches a condition of the node the worker runs on."""
 
+    model_config = _condition_type_rule("node", NODE_CONDITION_TYPES)
+
     type: str = Field(
-        min_length=1, max_length=316, description="Node condition type, e.g. `GpuXidError`."
+        min_length=1,
+        max_length=316,
+        description="Node condition type, e.g. `MemoryPressure`, or `GpuXidError` with `custom`.",
     )
+    custom: bool | None = Field(default=None, description=_CUSTOM_DESCRIPTION)
     status: ConditionStatus = Field(description="Condition status that matches.")
 
 
@@ -469,6 +627,31 @@ class SchedulingSpec(_Model):
     )
 
 
+def _trainer_is(where: str, predicate: str) -> str:
+    """CEL: the trainer container of `where` (the spec's shorthand or a role: both have
+    `template` and `trainerContainer`) is `c` with `predicate` true. Holds when there is no
+    such container: the `trainerContainer` rule says so, once."""
+    containers = f"{where}.template.spec.containers"
+    name = f"(has({where}.trainerContainer) ? {where}.trainerContainer : {containers}[0].name)"
+    return f"{containers}.all(c, c.name != {name} || ({predicate}))"
+
+
+# The controller sets the trainer's restart policy (Never, and the rules of the restart mode).
+_TRAINER_RESTARTS: Final = (
+    "(!has(c.restartPolicy) || c.restartPolicy == 'Never') && !has(c.restartPolicyRules)"
+)
+_TRAINER_RESTARTS_MESSAGE: Final = (
+    "the trainer container's restartPolicy must be unset or Never, and its restartPolicyRules "
+    "unset: the controller sets them from spec.failurePolicy and spec.restart.mode, express "
+    "restarts there"
+)
+_HAS_COMMAND: Final = "has(c.command) && c.command.size() > 0"
+_COMMAND_MESSAGE: Final = (
+    "the trainer container's command is required with {why}: the agent runs it, and the "
+    "image's ENTRYPOINT is unknown to the controller"
+)
+
+
 class RoleDependency(_Model):
     """A role another role waits for before its pods are created."""
 
@@ -493,6 +676,12 @@ class Role(_Model):
                     "message": "trainerContainer must name a container of the role's "
                     "template.spec.containers",
                     "fieldPath": ".trainerContainer",
+                },
+                {
+                    "rule": _trainer_is("self", _TRAINER_RESTARTS),
+                    "message": "template.spec.containers[].restartPolicy: "
+                    + _TRAINER_RESTARTS_MESSAGE,
+                    "fieldPath": ".template.spec.containers",
                 },
             ],
         },
@@ -664,6 +853,31 @@ _SPEC_RULES: Final[list[JsonValue]] = [
         "replicas",
         "fieldPath": ".coordinator",
     },
+    {
+        "rule": "!has(self.template) || " + _trainer_is("self", _TRAINER_RESTARTS),
+        "message": "template.spec.containers[].restartPolicy: " + _TRAINER_RESTARTS_MESSAGE,
+        "fieldPath": ".template.spec.containers",
+    },
+    *(
+        _rule(
+            rule=f"!has(self.{field}) || !({when}) || {trainer_has_command}",
+            message=f"{field}{each}.template.spec.containers[].command: "
+            + _COMMAND_MESSAGE.format(why=why),
+            field_path=f".{field}",
+        )
+        for field, each, trainer_has_command in (
+            ("template", "", _trainer_is("self", _HAS_COMMAND)),
+            ("roles", "[]", f"self.roles.all(r, {_trainer_is('r', _HAS_COMMAND)})"),
+        )
+        for when, why in (
+            (
+                f"has(self.restart) && has(self.restart.mode) && "
+                f"self.restart.mode == '{RestartMode.PROCESS}'",
+                "restart mode Process",
+            ),
+            ("has(self.nprocPerNode)", "spec.nprocPerNode"),
+        )
+    ),
     *(_immutable(name) for name in IMMUTABLE_FIELDS),
 ]
 

@@ -190,6 +190,13 @@ class Manager:
         self.arrivals.job_changed(event.key)
         self._enqueue(event.key)
 
+    def _pod_job(self, namespace: str, pod: str) -> str | None:
+        """The GangJob whose worker the cached pod is (its `gangjob.io/name` label)."""
+        obj = self.pods.get(f"{namespace}/{pod}")
+        labels = ((obj or {}).get("metadata") or {}).get("labels") or {}
+        name = labels.get(LABEL_NAME)
+        return name if isinstance(name, str) else None
+
     def _on_report(self, key: str) -> None:
         """An agent reported to the arrival endpoint. The last expected arrival of a restart
         opens the barrier: its pass runs now, neither coalesced with other arrivals nor held
@@ -345,6 +352,7 @@ class Manager:
                 self.arrivals,
                 self.authenticator.authenticate,
                 self.jobs.get,
+                pod_job=self._pod_job,
                 accepting=lambda: self.is_leader and self.synced(),
                 on_report=self._on_report,
             )

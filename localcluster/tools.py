@@ -16,6 +16,8 @@ from pathlib import Path
 
 import yaml
 
+from api.constants import CRD_NAME
+from localcluster.addons import admin_request, crd_established
 from localcluster.handle import ClusterHandle
 from localcluster.procs import free_port
 from localcluster.versions import binary
@@ -41,7 +43,7 @@ def kubectl(
     return res.stdout
 
 
-def install_crd(cluster: ClusterHandle) -> None:
+def install_crd(cluster: ClusterHandle, timeout: float = 60.0) -> None:
     """`make install` for a local cluster: the committed CRD, applied and Established."""
     kubectl(
         cluster,
@@ -51,9 +53,20 @@ def install_crd(cluster: ClusterHandle) -> None:
         "-k",
         str(REPO / "manifests" / "crd"),
     )
-    kubectl(
-        cluster, "wait", "--for=condition=Established", "crd/gangjobs.gangjob.io", "--timeout=60s"
-    )
+    wait_crd_established(cluster, timeout)
+
+
+def wait_crd_established(cluster: ClusterHandle, timeout: float = 60.0) -> None:
+    """Returns once the GangJob CRD is Established; raises after `timeout`."""
+    # Polled, not `kubectl wait`: on a fresh apiserver the CRD (its schema embeds a whole pod
+    # template) is stored with `conditions: null` for a moment, which `kubectl wait` takes for
+    # an error rather than for "not yet".
+    path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD_NAME}"
+    deadline = time.monotonic() + timeout
+    while not crd_established(admin_request(cluster, "GET", path)):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"CRD {CRD_NAME} not Established after {timeout:.0f}s")
+        time.sleep(0.2)
 
 
 def controller_kubeconfig(cluster: ClusterHandle) -> Path:

@@ -3,6 +3,11 @@ who sends it (controller.arrivals.auth), record it in the book (controller.arriv
 answer with a stream of the GangJob's state, one JSON line per change of `status.epoch`,
 `barrierEpoch` or `phase` in this controller's cache (so only what is stored in the apiserver),
 which spares every agent its own watch.
+
+Whoever reaches the port may send anything (docs/design.md, "The arrival endpoint's limits"):
+bodies are small, requests not yet authenticated are bounded in number (over it: 429 with
+Retry-After), a report counts only from the pod its token is bound to and for that pod's own
+GangJob, each pod holds one stream (a new one ends the old), and the streams are bounded in all.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from controller.runtime import metrics
 log = logging.getLogger(__name__)
 
 JsonDict = dict[str, Any]
+MAX_BODY_BYTES = 16 * 1024
+"""A report is ~300 bytes; aiohttp's default would read a megabyte per request."""
 HEARTBEAT_SECONDS = 30.0
 """The state line is sent again this often on an idle stream: the agent's inactivity timeout
 (90 s) tells a dead controller from a quiet gang."""
@@ -42,6 +49,20 @@ class Posted:
     job: str
     pod: str
     report: Report
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the endpoint takes at once; beyond it, 429 with `Retry-After`.
+
+    `pending`: requests not yet authenticated (reading the body, waiting for the TokenReview):
+    a gang of thousands starting together queues at the authenticator, a flood of bad tokens
+    stops here. `streams`: answers held open, over every GangJob (each pod holds one, so a job
+    holds at most its pods': what a gang needs)."""
+
+    pending: int = 1024
+    streams: int = 65536
+    retry_after_seconds: int = 1
 
 
 class BadReport(ValueError):
@@ -100,16 +121,23 @@ def arrivals_app(
     authenticate: Callable[[str], Awaitable[Identity]],
     job: Callable[[str], JsonDict | None],
     *,
+    pod_job: Callable[[str, str], str | None],
     accepting: Callable[[], bool],
     on_report: Callable[[str], None],
     heartbeat: float = HEARTBEAT_SECONDS,
+    limits: Limits = Limits(),
 ) -> web.Application:
-    """The endpoint. `job(key)` reads the GangJob from the cache; `accepting()` is whether this
-    replica leads with synced caches; `on_report(key)` queues the job for a pass."""
+    """The endpoint. `job(key)` reads the GangJob from the cache; `pod_job(namespace, pod)`
+    the name of the GangJob whose worker the cached pod is (None: no such pod in the cache);
+    `accepting()` is whether this replica leads with synced caches; `on_report(key)` queues
+    the job for a pass."""
     # One line per version of each job, not one per stream: a job change wakes every stream of
     # its gang (thousands), and they all send the same bytes.
     lines: dict[str, tuple[str, bytes]] = {}
     accepted = metrics.ARRIVAL_REPORTS.labels("accepted")  # bound once: a restart brings N
+    pending = 0
+    # The stream each pod holds, by (namespace, pod): a newer report of the pod ends it.
+    held: dict[tuple[str, str], asyncio.Task[Any]] = {}
 
     def line_of(key: str, obj: JsonDict) -> bytes:
         version = str((obj.get("metadata") or {}).get("resourceVersion", ""))
@@ -119,17 +147,58 @@ def arrivals_app(
         return hit[1]
 
     async def arrivals(request: web.Request) -> web.StreamResponse:
+        nonlocal pending
         if not accepting():
             return _error(503, "unavailable", "not leading (or caches not synced)")
         auth = request.headers.get("Authorization", "")
         if not auth.startswith("Bearer ") or not auth[7:].strip():
             return _error(401, "unauthorized", "a bearer token is required")
+        if pending >= limits.pending:
+            return _busy(limits, f"{pending} reports are being checked")
+        pending += 1
+        try:
+            checked = await _check(request, auth[7:].strip())
+        finally:
+            pending -= 1
+        if isinstance(checked, web.Response):
+            return checked
+        posted, key = checked
+        if len(held) >= limits.streams and (posted.namespace, posted.pod) not in held:
+            return _busy(limits, f"{len(held)} streams are open")
+        accepted.inc()
+        if book.record(posted.namespace, posted.pod, posted.report, job=key):
+            on_report(key)
+        pod = (posted.namespace, posted.pod)
+        older, me = held.get(pod), asyncio.current_task()
+        assert me is not None
+        held[pod] = me
+        if older is not None:
+            older.cancel()  # the pod's agent reports again: its old stream is dead or stale
+        metrics.ARRIVAL_STREAMS.inc()
+        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        response.enable_chunked_encoding()
+        try:
+            await response.prepare(request)
+            await _stream(request, response, posted, key)
+            await response.write_eof()
+        except ConnectionResetError:
+            pass  # the agent hung up: it moved on, its pod restarted, or it is gone
+        finally:
+            metrics.ARRIVAL_STREAMS.dec()
+            if held.get(pod) is me:
+                del held[pod]
+        return response
+
+    async def _check(request: web.Request, token: str) -> tuple[Posted, str] | web.Response:
+        """The report, if its sender may make it; else the refusal."""
         try:
             posted = parse_report(await request.json())
+        except web.HTTPRequestEntityTooLarge:
+            return _error(413, "invalid", f"a report is at most {MAX_BODY_BYTES} bytes")
         except (ValueError, BadReport) as e:
             return _error(400, "invalid", f"not a report: {e}")
         try:
-            who = await authenticate(auth[7:].strip())
+            who = await authenticate(token)
         except Unauthorized as e:
             return _error(401, "unauthorized", str(e))
         except Exception as e:  # the apiserver did not answer the review: try again later
@@ -142,21 +211,17 @@ def arrivals_app(
         key = f"{posted.namespace}/{posted.job}"
         if job(key) is None:
             return _error(404, "unknown", f"gangjob {key} not found")
-        accepted.inc()
-        if book.record(posted.namespace, posted.pod, posted.report, job=key):
-            on_report(key)
-        metrics.ARRIVAL_STREAMS.inc()
-        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
-        response.enable_chunked_encoding()
-        try:
-            await response.prepare(request)
-            await _stream(request, response, posted, key)
-            await response.write_eof()
-        except ConnectionResetError:
-            pass  # the agent hung up: it moved on, its pod restarted, or it is gone
-        finally:
-            metrics.ARRIVAL_STREAMS.dec()
-        return response
+        owner = pod_job(posted.namespace, posted.pod)
+        if owner is None:
+            # Created moments ago, and not in this controller's cache yet: the agent retries.
+            return _error(503, "unavailable", f"pod {posted.namespace}/{posted.pod} not seen yet")
+        if owner != posted.job:
+            message = (
+                f"pod {posted.namespace}/{posted.pod} is a worker of gangjob "
+                f"{posted.namespace}/{owner}, not of {key}"
+            )
+            return _error(403, "forbidden", message)
+        return posted, key
 
     async def _stream(
         request: web.Request, response: web.StreamResponse, posted: Posted, key: str
@@ -190,13 +255,24 @@ def arrivals_app(
     async def closing(_: web.Application) -> None:
         book.close()
 
-    app = web.Application()
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
     app.router.add_post(ARRIVALS_PATH, arrivals)
     app.on_shutdown.append(closing)
     return app
 
 
-def _error(status: int, result: str, message: str) -> web.Response:
+def _error(
+    status: int, result: str, message: str, headers: dict[str, str] | None = None
+) -> web.Response:
     metrics.ARRIVAL_REPORTS.labels(result).inc()
     body = {"kind": "Status", "status": "Failure", "code": status, "message": message}
-    return web.json_response(body, status=status)
+    return web.json_response(body, status=status, headers=headers)
+
+
+def _busy(limits: Limits, why: str) -> web.Response:
+    return _error(
+        429,
+        "throttled",
+        f"too many requests ({why}): retry after {limits.retry_after_seconds}s",
+        {"Retry-After": str(limits.retry_after_seconds)},
+    )

@@ -144,8 +144,10 @@ RESTART_DURATION = Histogram(
 ARRIVAL_REPORTS = Counter(
     "gangjob_arrival_reports_total",
     "Arrival reports agents sent to the controller's endpoint, by result: accepted, "
-    "unauthorized (bad token), forbidden (token of another pod), invalid, unknown (no such "
-    "GangJob), unavailable (not the leader, or the token could not be checked)",
+    "unauthorized (bad token), forbidden (token of another pod, or a report for another "
+    "pod's GangJob), invalid, unknown (no such "
+    "GangJob), unavailable (not the leader, or the token could not be checked), throttled "
+    "(over the endpoint's limits: 429)",
     ["result"],
     registry=REGISTRY,
 )

@@ -16,7 +16,7 @@ import yaml
 
 from localcluster.cluster import Cluster
 from localcluster.helm import helm
-from localcluster.tools import REPO, kubectl
+from localcluster.tools import REPO, kubectl, wait_crd_established
 from localcluster.versions import KUBERNETES_VERSION, binary
 
 pytestmark = pytest.mark.integration
@@ -151,8 +151,7 @@ def cluster_objects_set_aside(sim_cluster: Cluster) -> Iterator[list[Obj]]:
             items = json.dumps({"apiVersion": "v1", "kind": "List", "items": saved})
             kubectl(sim_cluster, "apply", "--server-side", "--force-conflicts", "-f", "-",
                     stdin=items)  # fmt: skip
-            kubectl(sim_cluster, "wait", "--for=condition=Established",
-                    "crd/gangjobs.gangjob.io", "--timeout=60s")  # fmt: skip
+            wait_crd_established(sim_cluster)
 
 
 def test_helm_install_upgrade_and_uninstall_leave_nothing_behind(
@@ -162,8 +161,7 @@ def test_helm_install_upgrade_and_uninstall_leave_nothing_behind(
     objs = list(render(ns).values())
     helm(sim_cluster, "install", RELEASE, CHART, "-n", ns, "--wait", "--timeout=180s")
     assert len(_present(sim_cluster, objs, ns)) == len(objs) == 12
-    kubectl(sim_cluster, "wait", "--for=condition=Established", "crd/gangjobs.gangjob.io",
-            "--timeout=60s")  # fmt: skip
+    wait_crd_established(sim_cluster)
     deploy = json.loads(kubectl(sim_cluster, "-n", ns, "get", "deploy/gangjob-controller",
                                 "-o", "json"))  # fmt: skip
     assert deploy["status"].get("readyReplicas") == 2

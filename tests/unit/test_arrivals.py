@@ -212,6 +212,8 @@ class Controller:
     url: str
     reports: list[str]
     refuse: bool = False
+    pod_jobs: dict[str, str] = dataclasses.field(default_factory=dict)
+    """The GangJob of a pod in the controller's cache, where not JOB (pods of `fake`)."""
     _reported: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 
     def on_report(self, key: str) -> None:
@@ -227,6 +229,11 @@ class Controller:
     def set_status(self, **status: Any) -> None:
         self.fake.set_status(**status)  # the apiserver's copy: the agents' watches
         self.book.job_changed(f"{NS}/{JOB}")  # the cache's: the streams
+
+    def pod_job(self, namespace: str, pod: str) -> str | None:
+        if namespace != NS:
+            return None
+        return self.pod_jobs.get(pod, JOB if pod in self.fake.pods else None)
 
     def arrived(self, pod: str) -> int | None:
         held = self.book.get(NS, pod)
@@ -250,6 +257,7 @@ async def controller() -> AsyncIterator[Controller]:
         book,
         authenticate,
         lambda key: fake.job if key == f"{NS}/{JOB}" else None,
+        pod_job=ctl.pod_job,
         accepting=lambda: True,
         on_report=ctl.on_report,
     )

@@ -2,6 +2,7 @@
 the golden file (generated == committed). That the apiserver accepts it is an integration test.
 """
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -216,14 +217,40 @@ def test_defaults_and_bounds() -> None:
     )
 
 
-def test_template_is_preserved_with_typed_containers() -> None:
-    template = at(".spec.template")
-    assert template["x-kubernetes-preserve-unknown-fields"] is True
-    assert template["x-kubernetes-embedded-resource"] is False
-    containers = at(".spec.template.spec.containers")
-    assert containers["minItems"] == 1
-    assert containers["items"]["required"] == ["name", "image"]
-    assert containers["items"]["x-kubernetes-preserve-unknown-fields"] is True
+def test_templates_are_the_kubernetes_pod_template_with_our_bounds() -> None:
+    for prefix in (".spec.template", ".spec.roles[].template"):
+        template = at(prefix)
+        # Nothing kept unchecked: a misspelt field is refused, not pruned.
+        assert not any(
+            node.get("x-kubernetes-preserve-unknown-fields") for _, node in walk(template)
+        )
+        container = at(f"{prefix}.spec.containers")["items"]
+        assert {"resources", "command", "volumeMounts", "restartPolicy"} <= set(
+            container["properties"]
+        )
+        assert container["required"] == ["name", "image"]
+        limits = container["properties"]["resources"]["properties"]["limits"]
+        assert limits["additionalProperties"] == {"x-kubernetes-int-or-string": True}
+        assert at(f"{prefix}.spec.containers")["minItems"] == 1
+        assert at(f"{prefix}.spec.containers")["x-kubernetes-list-map-keys"] == ["name"]
+        ports = container["properties"]["ports"]
+        assert ports["x-kubernetes-list-map-keys"] == ["containerPort", "protocol"]
+        assert ports["items"]["properties"]["protocol"]["default"] == "TCP"
+        assert set(at(f"{prefix}.metadata")["properties"]) == {"labels", "annotations"}
+
+
+def test_overlay_constrains_only_fields_the_base_has() -> None:
+    base: dict[str, Any] = {
+        "type": "object",
+        "required": ["a"],
+        "properties": {"a": {"type": "string"}},
+    }
+    over = {"required": ["b"], "properties": {"a": {"maxLength": 3}}}
+    with pytest.raises(SchemaError, match="not a field"):
+        crd.overlay({"type": "object", "properties": {}}, over)
+    merged = crd.overlay({**base, "properties": {**base["properties"], "b": {}}}, over)
+    assert merged["required"] == ["a", "b"]
+    assert merged["properties"]["a"] == {"type": "string", "maxLength": 3}
 
 
 def validations() -> dict[str, list[dict[str, Any]]]:
@@ -244,6 +271,10 @@ def test_cel_rules_are_where_the_schema_cannot_say_it() -> None:
         ".spec.nprocPerNode",
         ".spec.roles",
         ".spec.roles[]",
+        ".spec.template",
+        ".spec.roles[].template",
+        ".spec.failurePolicy.rules[].onPodConditions[]",
+        ".spec.failurePolicy.rules[].onNodeConditions[]",
     }
     assert any("self.trainerContainer" in r for r in rules[".spec"])
     assert any("onExitCodes.containerName" in r for r in rules[".spec"])
@@ -279,6 +310,24 @@ def test_cel_rules_have_bounded_cost() -> None:
     exit_codes = at(".spec.failurePolicy.rules")["items"]["properties"]["onExitCodes"]
     assert exit_codes["properties"]["values"]["maxItems"] <= 256
     assert exit_codes["properties"]["containerName"]["maxLength"] == 63
+    # What the template rules search (api.v1alpha1 `_TEMPLATE_RULES`), in both templates.
+    for prefix in (".spec.template.spec", ".spec.roles[].template.spec"):
+        for containers in ("containers", "initContainers"):
+            node = at(f"{prefix}.{containers}")
+            assert node["maxItems"] <= 100
+            item = node["items"]["properties"]
+            assert item["ports"]["maxItems"] <= 64
+            assert item["volumeMounts"]["maxItems"] <= 256
+            assert item["volumeMounts"]["items"]["properties"]["mountPath"]["maxLength"] <= 4096
+        assert at(f"{prefix}.volumes")["maxItems"] <= 256
+        anti = at(f"{prefix}.affinity.podAntiAffinity")["properties"]
+        assert anti["requiredDuringSchedulingIgnoredDuringExecution"]["maxItems"] <= 32
+
+
+def test_the_crd_fits_a_client_side_apply() -> None:
+    # `kubectl apply` without --server-side keeps the whole object in an annotation, which the
+    # apiserver caps at 256 KiB: the embedded pod templates must leave room.
+    assert len(json.dumps(crd.build_crd(), separators=(",", ":"))) < 200 * 1024
 
 
 # --- structural ------------------------------------------------------------------------------
@@ -306,8 +355,10 @@ def test_schema_is_structural() -> None:
         if list_type == "set":
             assert node["items"]["type"] in SCALARS, where
         if list_type == "map":
-            keys = node["x-kubernetes-list-map-keys"]
-            assert set(keys) <= set(node["items"]["required"]), where
+            # Each key required, or defaulted (`ports[].protocol`).
+            item = node["items"]
+            for key in node["x-kubernetes-list-map-keys"]:
+                assert key in item.get("required", []) or "default" in item["properties"][key]
         if "default" in node:
             assert conforms(node["default"], node) == [], where
     # The apiserver allows only restrictions of name and generateName on metadata.
@@ -322,6 +373,8 @@ def test_every_field_has_a_description() -> None:
         for path, node in walk(schema())
         if not path.endswith("[]") and not path.startswith(".metadata") and path != ""
         if not node.get("description")
+        # The embedded Kubernetes pod template comes without its descriptions (api.podtemplate).
+        if not path.startswith((".spec.template.", ".spec.roles[].template."))
     ]
     assert undocumented == []
 
@@ -345,6 +398,8 @@ def _has_type(value: Any, kind: str) -> bool:
 def conforms(value: Any, node: dict[str, Any], path: str = "") -> list[str]:
     """The schema's errors for a value (types, enums, bounds, required; no CEL, no formats)."""
     kind = node.get("type")
+    if kind is None and node.get("x-kubernetes-int-or-string"):
+        return [] if _has_type(value, "integer") or _has_type(value, "string") else [path]
     if kind is None or not _has_type(value, kind):
         return [f"{path}: not {kind}"]
     errors: list[str] = []
@@ -369,6 +424,8 @@ def conforms(value: Any, node: dict[str, Any], path: str = "") -> list[str]:
         for key, item in value.items():
             if key in properties:
                 errors += conforms(item, properties[key], f"{path}.{key}")
+            elif isinstance(node.get("additionalProperties"), dict):
+                errors += conforms(item, node["additionalProperties"], f"{path}.{key}")
             elif not node.get("x-kubernetes-preserve-unknown-fields") and path != ".metadata":
                 errors.append(f"{path}.{key}: unknown field (would be pruned)")
     return errors
