@@ -21,7 +21,7 @@ from localcluster import node as nodemod
 from localcluster import pki
 from localcluster.handle import ClusterError, ClusterHandle
 from localcluster.jobset import KEEP_RUNNING_LABEL
-from localcluster.procs import stop
+from localcluster.procs import Proc, launch, stop
 from localcluster.versions import binary, kwok_stages_path, state_root
 
 Profile = Literal["sim", "node"]
@@ -215,6 +215,48 @@ class Cluster(ClusterHandle):
 
     def _readyz(self) -> bool:
         return bool(self.api("GET", "/readyz", timeout=3) == "ok")
+
+    # ---- one component at a time ------------------------------------------------------------
+    def command_of(self, component: str) -> list[str]:
+        """The command line the cluster's running ``component`` (e.g. ``kube-apiserver``) has."""
+        proc = self._recorded(component)
+        raw = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+        return [a.decode() for a in raw.split(b"\0") if a]
+
+    def restart_component(
+        self, component: str, cmd: list[str] | None = None, down_seconds: float = 0.0
+    ) -> list[str]:
+        """Stops the cluster's ``component`` (its recorded PID), keeps it down ``down_seconds``,
+        and starts ``cmd`` (None: the command line it had) in its place, recorded where the old
+        one was so that `down` stops it in the same order; returns once it serves again
+        (etcd's /health, the apiserver's /readyz; others once running). Returns the command
+        line it had before, to restart it as it was."""
+        old = self._recorded(component)
+        before = self.command_of(component)
+        stop(old)
+        time.sleep(down_seconds)  # the outage itself: nothing to wait for
+        new = launch(component, cmd or before, Path(old.log))
+        state = self.load()
+        state["processes"] = [
+            new.to_json() if p.get("pid") == old.pid else p for p in state.get("processes", [])
+        ]
+        self.save(state)
+
+        def ok() -> bool:
+            if component == "etcd":
+                return _http_ok(f"http://127.0.0.1:{self.ports.etcd}/health")
+            if component == "kube-apiserver":
+                return self._readyz()
+            return new.alive()
+
+        self.wait_for(f"{component} serving again", ok, 90, component)
+        return before
+
+    def _recorded(self, component: str) -> Proc:
+        for proc in self.procs():
+            if proc.name == component:
+                return proc
+        raise ClusterError(f"cluster {self.name!r} runs no {component!r}")
 
     # ---- component command lines ----------------------------------------------------------
     def _etcd_cmd(self) -> list[str]:
