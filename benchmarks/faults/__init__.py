@@ -1,7 +1,7 @@
 """The fault campaign: GangJob's promise (a gang survives its failures) tested by many injected
 faults of every kind, some combined, on the `sim` cluster, checked by an independent observer.
 
-    python -m benchmarks.faults [--seed 1] [--faults 120] [--short] [--cluster faults]
+    python -m benchmarks.faults [--seed 1] [--faults 105] [--short] [--cluster faults]
                                 [--report docs/reliability.md]
 
 Several gangs run at once (`Pod` and `Process` restart modes, 3 to 16 workers), under the real

@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--seed", type=int, default=1, help="orders the faults (default %(default)s)")
-    p.add_argument("--faults", type=int, default=120, help="faults to inject (default %(default)s)")
+    p.add_argument("--faults", type=int, default=105, help="faults to inject (default %(default)s)")
     p.add_argument(
         "--short", action="store_true", help="two small gangs instead of four (the test's campaign)"
     )
@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         help="where the report goes (default docs/reliability.md); '-' for none",
     )
     p.add_argument("--logs", type=Path, help="directory for the controllers' logs")
+    p.add_argument("--keep", action="store_true", help="leave a cluster this run started up")
     a = p.parse_args(argv)
     # Thousands of agents' retries while the apiserver or the controller is down say nothing
     # the report does not: only errors, and the campaign's own lines.
@@ -50,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         shapes=SHORT_SHAPES if a.short else FULL_SHAPES,
         restart_delay=a.restart_delay,
         logs=a.logs,
+        keep=a.keep,
     )
     result = asyncio.run(run(settings))
     command = "python -m benchmarks.faults " + shlex.join(

@@ -28,8 +28,9 @@ class Injected:
     crashes: dict[str, int] = field(default_factory=dict)
     failing: set[str] = field(default_factory=set)
     single: set[str] = field(default_factory=set)
-    after: Callable[[], Awaitable[None]] | None = None
-    """Undoes a lasting fault once the gangs recovered under it (overload, endpoint)."""
+    after: Callable[[], Awaitable[str | None]] | None = None
+    """Undoes a lasting fault once the gangs recovered under it (overload, endpoint); may say
+    what the fault did meanwhile."""
     note: str = ""
 
     @property
@@ -232,6 +233,7 @@ async def leader_failover(w: World, rng: random.Random) -> Injected:
 
     async def release() -> None:
         w.held.discard(old)
+        return None
 
     i = Injected(
         single={job},
@@ -276,12 +278,24 @@ async def apiserver_overload(w: World, rng: random.Random) -> Injected:
     rank = _rank(w, job, rng)
     await _crash(w, job, rank)
 
-    async def restore() -> None:
+    async def restore() -> str:
+        # Read before the restart that restores the flags resets the apiserver's counters.
+        metrics = str(await asyncio.to_thread(w.cluster.api, "GET", "/metrics", None, 30.0))
         await asyncio.to_thread(w.cluster.restart_component, "kube-apiserver", before)
+        return f"{too_many(metrics)} requests answered 429"
 
     i = Injected(single={job}, after=restore, note=f"{job} rank {rank}; {' '.join(OVERLOAD_FLAGS)}")
     i.crashed(job)
     return i
+
+
+def too_many(metrics: str) -> int:
+    """Requests the apiserver answered 429, from its Prometheus text."""
+    total = 0.0
+    for line in metrics.splitlines():
+        if line.startswith("apiserver_request_total{") and 'code="429"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return int(total)
 
 
 async def endpoint_lost(w: World, rng: random.Random) -> Injected:
@@ -289,7 +303,12 @@ async def endpoint_lost(w: World, rng: random.Random) -> Injected:
     job = _job(w, rng)
     rank = _rank(w, job, rng)
     await _crash(w, job, rank)
-    i = Injected(single={job}, after=w.proxy.restore, note=f"{job} rank {rank}")
+
+    async def restore() -> None:
+        await w.proxy.restore()
+        return None
+
+    i = Injected(single={job}, after=restore, note=f"{job} rank {rank}")
     i.crashed(job)
     return i
 

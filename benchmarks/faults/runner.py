@@ -43,6 +43,8 @@ class Settings:
     """No pod Terminating longer: the force-delete guard's 2 s plus a controller's failover
     (the Lease's 15 s) and an apiserver restart."""
     logs: Path | None = None
+    keep: bool = False
+    """Leave a cluster this run started up."""
 
 
 @dataclass
@@ -97,7 +99,7 @@ async def run(settings: Settings) -> Result:
     )
     plan = schedule(settings.seed, settings.faults)
     rng = random.Random(settings.seed)
-    cluster = await asyncio.to_thread(ensure_cluster, settings.cluster)
+    cluster, started = await asyncio.to_thread(ensure_cluster, settings.cluster)
     logs = settings.logs or Path(tempfile.mkdtemp(prefix="gangjob-faults-"))
     logs.mkdir(parents=True, exist_ok=True)
     checker = Checker(settings.terminating_bound, settings.recovery_bound)
@@ -127,6 +129,8 @@ async def run(settings: Settings) -> Result:
             await w.observer.final()
         finally:
             await w.close()
+            if started and not settings.keep:
+                await asyncio.to_thread(cluster.down, sys.stderr)
     result = Result(settings, rows, checker.violations, time.monotonic() - t_start)
     for row in rows:
         row.violations = [v for v in checker.violations if _window(rows, row, v)]
@@ -173,7 +177,8 @@ async def one_fault(
     seconds = time.monotonic() - t0
     after = {j: w.observer.facts(j) for j in jobs}
     if injected.after is not None:
-        await injected.after()
+        said = await injected.after()
+        injected.note += f"; {said}" if said else ""
     w.checker.fault_done(
         time.monotonic(),
         FaultOutcome(

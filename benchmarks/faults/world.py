@@ -221,11 +221,13 @@ def _code(r: ControllerProcess) -> str:
     return f"exit {r.proc.returncode}" if r.proc is not None else "never started"
 
 
-def ensure_cluster(name: str) -> Cluster:
+def ensure_cluster(name: str) -> tuple[Cluster, bool]:
+    """The sim cluster up; whether this run started it."""
     cluster = Cluster(name)
-    if not cluster.is_up():
-        cluster.up(Options(profile="sim", nodes=1), sys.stderr)
-    return cluster
+    if cluster.is_up():
+        return cluster, False
+    cluster.up(Options(profile="sim", nodes=1), sys.stderr)
+    return cluster, True
 
 
 async def open_world(
