@@ -7,10 +7,12 @@ a `ClusterHandle` that can also start and stop.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import sys
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -230,12 +232,15 @@ class Cluster(ClusterHandle):
         and starts ``cmd`` (None: the command line it had) in its place, recorded where the old
         one was so that `down` stops it in the same order; returns once it serves again
         (etcd's /health, the apiserver's /readyz; others once running). Returns the command
-        line it had before, to restart it as it was."""
+        line it had before, to restart it as it was. A component that has exited is started
+        again with ``cmd``, as the kubelet restarts a static pod."""
         old = self._recorded(component)
-        before = self.command_of(component)
+        before = self.command_of(component) if old.alive() else None
+        if before is None and cmd is None:
+            raise ClusterError(f"{component} has exited: give the command line to start")
         stop(old)
         time.sleep(down_seconds)  # the outage itself: nothing to wait for
-        new = launch(component, cmd or before, Path(old.log))
+        new = launch(component, cmd or before or [], Path(old.log))
         state = self.load()
         state["processes"] = [
             new.to_json() if p.get("pid") == old.pid else p for p in state.get("processes", [])
@@ -247,10 +252,20 @@ class Cluster(ClusterHandle):
                 return _http_ok(f"http://127.0.0.1:{self.ports.etcd}/health")
             if component == "kube-apiserver":
                 return self._readyz()
-            return new.alive()
+            return True
 
-        self.wait_for(f"{component} serving again", ok, 90, component)
-        return before
+        # Only this component's health: another may exit meanwhile (the scheduler does when
+        # its cache goes wrong across an apiserver restart); that is its supervisor's business.
+        deadline = time.monotonic() + 90
+        while True:
+            if not new.alive():
+                raise ClusterError(f"{component} exited on restart; see {old.log}")
+            with contextlib.suppress(OSError, ValueError, urllib.error.URLError):
+                if ok():
+                    return before or cmd or []
+            if time.monotonic() > deadline:
+                raise ClusterError(f"{component} not serving 90 s after its restart; see {old.log}")
+            time.sleep(0.25)
 
     def _recorded(self, component: str) -> Proc:
         for proc in self.procs():

@@ -248,7 +248,7 @@ async def apiserver_restart(w: World, rng: random.Random) -> Injected:
     job = _job(w, rng)
     rank = _rank(w, job, rng)
     task = _crash_soon(w, job, rank)
-    await asyncio.to_thread(w.cluster.restart_component, "kube-apiserver")
+    await w.restart_component("kube-apiserver")
     await task
     i = Injected(single={job}, note=f"{job} rank {rank}")
     i.crashed(job)
@@ -259,7 +259,7 @@ async def etcd_stop(w: World, rng: random.Random) -> Injected:
     job = _job(w, rng)
     rank = _rank(w, job, rng)
     task = _crash_soon(w, job, rank)
-    await asyncio.to_thread(w.cluster.restart_component, "etcd", None, ETCD_DOWN_SECONDS)
+    await w.restart_component("etcd", None, ETCD_DOWN_SECONDS)
     await task
     i = Injected(single={job}, note=f"{job} rank {rank}; etcd down {ETCD_DOWN_SECONDS:g}s")
     i.crashed(job)
@@ -273,7 +273,7 @@ async def apiserver_overload(w: World, rng: random.Random) -> Injected:
         for a in before
         if not a.startswith(("--max-requests-inflight=", "--max-mutating-requests-inflight="))
     ]
-    await asyncio.to_thread(w.cluster.restart_component, "kube-apiserver", low + OVERLOAD_FLAGS)
+    await w.restart_component("kube-apiserver", low + OVERLOAD_FLAGS)
     job = _job(w, rng)
     rank = _rank(w, job, rng)
     await _crash(w, job, rank)
@@ -281,7 +281,7 @@ async def apiserver_overload(w: World, rng: random.Random) -> Injected:
     async def restore() -> str:
         # Read before the restart that restores the flags resets the apiserver's counters.
         metrics = str(await asyncio.to_thread(w.cluster.api, "GET", "/metrics", None, 30.0))
-        await asyncio.to_thread(w.cluster.restart_component, "kube-apiserver", before)
+        await w.restart_component("kube-apiserver", before)
         return f"{too_many(metrics)} requests answered 429"
 
     i = Injected(single={job}, after=restore, note=f"{job} rank {rank}; {' '.join(OVERLOAD_FLAGS)}")

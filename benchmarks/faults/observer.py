@@ -49,7 +49,7 @@ INVARIANTS = (
     "terminating",
     "restart-once",
 )
-INFRA_CLASSES = frozenset({"NodeLost", "DeviceUnhealthy", "Preempted", "Evicted"})
+INFRA_CLASSES = frozenset({"NodeLost", "DeviceUnhealthy", "Disruption", "Preempted", "Evicted"})
 """Trigger classes of infrastructure failures (docs/api.md: they do not count by default)."""
 FAIL_REASON_EXIT_CODE = "NonRetriableExitCode"
 """The Failed condition's reason when a `FailJob` rule matched an exit code (docs/api.md)."""

@@ -73,6 +73,14 @@ def markdown(result: Result, command: str) -> str:
             for r in result.rows
         ],
     )
+    revived = (
+        "Control-plane processes that exited on their own and were started again by the "
+        "campaign (as the kubelet restarts a static pod): "
+        + ", ".join(f"{n} x{result.revived.count(n)}" for n in sorted(set(result.revived)))
+        + "."
+        if result.revived
+        else "No control-plane process exited on its own."
+    )
     detail = "\n".join(f"- {v.invariant} on {v.job}: {v.detail}" for v in result.violations)
     return f"""# Reliability: the fault campaign
 
@@ -89,6 +97,8 @@ gives the same schedule.
 **run:** {dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")}, {result.seconds / 60:.1f} min
 
 {table}
+
+{revived}
 
 Recovery time: from the fault's injection to every gang it touched running at an open barrier
 with every worker past it (Failed, for `crash-fatal`), by this process's clock; bound

@@ -65,6 +65,8 @@ class Result:
     rows: list[FaultRow]
     violations: list[Violation]
     seconds: float
+    revived: list[str] = field(default_factory=list)
+    """Control-plane processes that exited on their own during the run and were restarted."""
 
     @property
     def ok(self) -> bool:
@@ -105,6 +107,7 @@ async def run(settings: Settings) -> Result:
     checker = Checker(settings.terminating_bound, settings.recovery_bound)
     t_start = time.monotonic()
     rows: list[FaultRow] = []
+    revived: list[str] = []
     async with (
         await Kube.from_kubeconfig(cluster.kubeconfig, request_timeout=20) as kube,
         await Kube.from_kubeconfig(cluster.kubeconfig, request_timeout=20) as observer_kube,
@@ -128,10 +131,11 @@ async def run(settings: Settings) -> Result:
                 rows.append(await one_fault(w, rng, index, kind, settings))
             await w.observer.final()
         finally:
+            revived = w.revived
             await w.close()
             if started and not settings.keep:
                 await asyncio.to_thread(cluster.down, sys.stderr)
-    result = Result(settings, rows, checker.violations, time.monotonic() - t_start)
+    result = Result(settings, rows, checker.violations, time.monotonic() - t_start, revived)
     for row in rows:
         row.violations = [v for v in checker.violations if _window(rows, row, v)]
     return result
@@ -157,11 +161,21 @@ def _states(w: World) -> str:
 async def one_fault(
     w: World, rng: random.Random, index: int, kind: str, settings: Settings
 ) -> FaultRow:
-    # Every gang at an open barrier first: each fault starts from a steady world.
-    await wait(lambda: all(w.steady(g.name) for g in w.gangs.values()), settings.recovery_bound)
+    # Each fault starts from a steady world: every gang at an open barrier, and a replica
+    # leading (a kill after the barrier leaves the gangs running while the Lease runs out).
+    def quiet() -> bool:
+        leader = w.leader()
+        steady = all(w.steady(g.name) for g in w.gangs.values())
+        return steady and leader is not None and leader.alive()
+
+    await wait(quiet, settings.recovery_bound)
     before = {g.name: w.observer.facts(g.name) for g in w.gangs.values()}
     t0 = time.monotonic()
-    injected: Injected = await INJECTORS[kind](w, rng)
+    try:
+        injected: Injected = await INJECTORS[kind](w, rng)
+    except Exception as e:  # the campaign's own step failed: reported, and the run goes on
+        print(f"[{index + 1}] {kind}: injection failed: {e!r}", file=sys.stderr, flush=True)
+        return FaultRow(index, kind, f"injection failed: {e!r}", False, 0.0, t0)
     jobs = sorted(injected.jobs)
 
     def recovered() -> bool:

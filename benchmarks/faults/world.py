@@ -65,6 +65,12 @@ class World:
     nodes: list[str] = field(default_factory=list)
     held: set[int] = field(default_factory=set)
     """Replicas (by index) the supervisor must not restart (a failover in progress)."""
+    control_plane: dict[str, list[str]] = field(default_factory=dict)
+    """Each cluster process's command line at the start, to start it again if it exits."""
+    control_plane_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held while a fault or the supervisor restarts a control-plane process."""
+    revived: list[str] = field(default_factory=list)
+    """Control-plane processes that exited on their own and were started again."""
     leader_port: int | None = None
     leader_index: int | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -188,6 +194,31 @@ class World:
                         r.start()
             await asyncio.sleep(0.2)
 
+    async def restart_component(
+        self, component: str, cmd: list[str] | None = None, down_seconds: float = 0.0
+    ) -> list[str]:
+        """`Cluster.restart_component` for a fault, the supervisor kept out meanwhile."""
+        async with self.control_plane_lock:
+            return await asyncio.to_thread(
+                self.cluster.restart_component, component, cmd, down_seconds
+            )
+
+    async def _supervise_control_plane(self) -> None:
+        """A control-plane process that exited is started again 1 s later, as the kubelet
+        restarts a static pod (kube-scheduler exits when its cache is found inconsistent)."""
+        while True:
+            await asyncio.sleep(1.0)
+            async with self.control_plane_lock:
+                for proc in self.cluster.procs():
+                    if proc.alive() or proc.name not in self.control_plane:
+                        continue
+                    print(f"  {proc.name} exited; starting it again (see {proc.log})",
+                          file=sys.stderr)  # fmt: skip
+                    self.revived.append(proc.name)
+                    await asyncio.to_thread(
+                        self.cluster.restart_component, proc.name, self.control_plane[proc.name]
+                    )
+
     async def close(self) -> None:
         for t in self.tasks:
             t.cancel()
@@ -283,6 +314,7 @@ async def open_world(
     )
     observer = Observer(observer_kube, ns, sim, checker)
     w = World(cluster, kube, ns, api, proxy, replicas, sim, observer, checker)
+    w.control_plane = {p.name: cluster.command_of(p.name) for p in cluster.procs()}
     holder["w"] = w
     for _ in range(nodes):
         await w.add_node()
@@ -292,6 +324,7 @@ async def open_world(
         asyncio.create_task(sim.run()),
         asyncio.create_task(w._follow_leader()),
         asyncio.create_task(w._supervise()),
+        asyncio.create_task(w._supervise_control_plane()),
     ]
     observer.start()
     for shape in shapes:
