@@ -12,6 +12,7 @@ from pathlib import Path
 import benchmarks.faults
 from benchmarks.faults import report
 from benchmarks.faults.runner import FULL_SHAPES, SHORT_SHAPES, Settings, run
+from benchmarks.faults.schedule import KINDS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,11 +40,21 @@ def main(argv: list[str] | None = None) -> int:
         help="where the report goes (default docs/reliability.md); '-' for none",
     )
     p.add_argument("--logs", type=Path, help="directory for the controllers' logs")
+    p.add_argument(
+        "--log-level",
+        default="error",
+        choices=["debug", "info", "warning", "error"],
+        help="of this process: the agents and the simulated kubelet (default error)",
+    )
+    p.add_argument("--kinds", default="", help="only these fault kinds, comma-separated")
     p.add_argument("--keep", action="store_true", help="leave a cluster this run started up")
     a = p.parse_args(argv)
+    kinds = [k for k in a.kinds.split(",") if k]
+    if set(kinds) - set(KINDS):
+        p.error(f"--kinds: choose from {','.join(KINDS)}")
     # Thousands of agents' retries while the apiserver or the controller is down say nothing
     # the report does not: only errors, and the campaign's own lines.
-    logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=a.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     settings = Settings(
         seed=a.seed,
         faults=a.faults,
@@ -52,10 +63,16 @@ def main(argv: list[str] | None = None) -> int:
         restart_delay=a.restart_delay,
         logs=a.logs,
         keep=a.keep,
+        kinds=kinds or None,
     )
     result = asyncio.run(run(settings))
     command = "python -m benchmarks.faults " + shlex.join(
-        [f"--seed={a.seed}", f"--faults={a.faults}", *(["--short"] if a.short else [])]
+        [
+            f"--seed={a.seed}",
+            f"--faults={a.faults}",
+            *(["--short"] if a.short else []),
+            *([f"--kinds={a.kinds}"] if kinds else []),
+        ]
     )
     if str(a.report) != "-":
         print(f"report: {report.write(result, command, a.report)}", file=sys.stderr)

@@ -43,6 +43,8 @@ class Settings:
     """No pod Terminating longer: the force-delete guard's 2 s plus a controller's failover
     (the Lease's 15 s) and an apiserver restart."""
     logs: Path | None = None
+    kinds: list[str] | None = None
+    """Only these fault kinds (default: all)."""
     keep: bool = False
     """Leave a cluster this run started up."""
 
@@ -99,7 +101,7 @@ async def run(settings: Settings) -> Result:
         file=sys.stderr,
         flush=True,
     )
-    plan = schedule(settings.seed, settings.faults)
+    plan = schedule(settings.seed, settings.faults, settings.kinds)
     rng = random.Random(settings.seed)
     cluster, started = await asyncio.to_thread(ensure_cluster, settings.cluster)
     logs = settings.logs or Path(tempfile.mkdtemp(prefix="gangjob-faults-"))
@@ -147,6 +149,21 @@ def _window(rows: list[FaultRow], row: FaultRow, v: Violation) -> bool:
     i = rows.index(row)
     end = starts[i + 1] if i + 1 < len(starts) else float("inf")
     return bool(starts[i] <= v.at < end)
+
+
+def _stuck(w: World, jobs: list[str]) -> str:
+    """Where each worker of the gangs that did not recover stands: for the investigation."""
+    lines = []
+    for job in jobs:
+        for rank, name in sorted(w.workers(job).items()):
+            wk = w.sim.workers.get(name)
+            pod = w.sim.pods.get(name, {})
+            notes = {k: v for k, v in (pod["metadata"].get("annotations") or {}).items()
+                     if k.startswith("gangjob.io/")} if pod else {}  # fmt: skip
+            state = wk.agent.state if wk is not None and wk.agent is not None else None
+            events = wk.events[-3:] if wk is not None else []
+            lines.append(f"    {name} rank {rank}: agent {state}; {notes}; {events}")
+    return "\n".join(lines)
 
 
 def _states(w: World) -> str:
@@ -207,6 +224,8 @@ async def one_fault(
             infra=injected.infra,
         ),
     )
+    if not ok:
+        print(_stuck(w, jobs), file=sys.stderr, flush=True)
     status = f"recovered in {seconds:.1f}s" if ok else f"NOT recovered in {seconds:.0f}s"
     print(
         f"[{index + 1}] {kind}: {injected.note}: {status}{'' if ok else ' — ' + _states(w)}",

@@ -29,11 +29,12 @@ INFRA_KINDS = frozenset({"node-lost", "device-unhealthy", "leader-failover-only"
 """Kinds with no crash at all: the restart budget must not move."""
 
 
-def schedule(seed: int, faults: int) -> list[str]:
-    """`faults` fault kinds in a seeded order: every kind equally often (the remainder drawn
-    without repeats), shuffled. Fewer faults than kinds: a seeded choice of distinct kinds."""
+def schedule(seed: int, faults: int, only: list[str] | None = None) -> list[str]:
+    """`faults` fault kinds (of `only`, default all) in a seeded order: every kind equally often
+    (the remainder drawn without repeats), shuffled. Fewer faults than kinds: a seeded choice
+    of distinct kinds."""
     rng = random.Random(seed)
-    kinds = list(KINDS)
+    kinds = list(only or KINDS)
     out = kinds * (faults // len(kinds)) + rng.sample(kinds, faults % len(kinds))
     rng.shuffle(out)
     return out
