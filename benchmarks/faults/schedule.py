@@ -25,9 +25,6 @@ KINDS: dict[str, str] = {
 }
 """Each kind and what it injects."""
 
-INFRA_KINDS = frozenset({"node-lost", "device-unhealthy", "leader-failover-only"})
-"""Kinds with no crash at all: the restart budget must not move."""
-
 
 def schedule(seed: int, faults: int, only: list[str] | None = None) -> list[str]:
     """`faults` fault kinds (of `only`, default all) in a seeded order: every kind equally often
