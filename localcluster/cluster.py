@@ -7,10 +7,12 @@ a `ClusterHandle` that can also start and stop.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import sys
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +23,7 @@ from localcluster import node as nodemod
 from localcluster import pki
 from localcluster.handle import ClusterError, ClusterHandle
 from localcluster.jobset import KEEP_RUNNING_LABEL
-from localcluster.procs import stop
+from localcluster.procs import Proc, launch, stop
 from localcluster.versions import binary, kwok_stages_path, state_root
 
 Profile = Literal["sim", "node"]
@@ -215,6 +217,61 @@ class Cluster(ClusterHandle):
 
     def _readyz(self) -> bool:
         return bool(self.api("GET", "/readyz", timeout=3) == "ok")
+
+    # ---- one component at a time ------------------------------------------------------------
+    def command_of(self, component: str) -> list[str]:
+        """The command line the cluster's running ``component`` (e.g. ``kube-apiserver``) has."""
+        proc = self._recorded(component)
+        raw = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+        return [a.decode() for a in raw.split(b"\0") if a]
+
+    def restart_component(
+        self, component: str, cmd: list[str] | None = None, down_seconds: float = 0.0
+    ) -> list[str]:
+        """Stops the cluster's ``component`` (its recorded PID), keeps it down ``down_seconds``,
+        and starts ``cmd`` (None: the command line it had) in its place, recorded where the old
+        one was so that `down` stops it in the same order; returns once it serves again
+        (etcd's /health, the apiserver's /readyz; others once running). Returns the command
+        line it had before, to restart it as it was. A component that has exited is started
+        again with ``cmd``, as the kubelet restarts a static pod."""
+        old = self._recorded(component)
+        before = self.command_of(component) if old.alive() else None
+        if before is None and cmd is None:
+            raise ClusterError(f"{component} has exited: give the command line to start")
+        stop(old)
+        time.sleep(down_seconds)  # the outage itself: nothing to wait for
+        new = launch(component, cmd or before or [], Path(old.log))
+        state = self.load()
+        state["processes"] = [
+            new.to_json() if p.get("pid") == old.pid else p for p in state.get("processes", [])
+        ]
+        self.save(state)
+
+        def ok() -> bool:
+            if component == "etcd":
+                return _http_ok(f"http://127.0.0.1:{self.ports.etcd}/health")
+            if component == "kube-apiserver":
+                return self._readyz()
+            return True
+
+        # Only this component's health: another may exit meanwhile (the scheduler does when
+        # its cache goes wrong across an apiserver restart); that is its supervisor's business.
+        deadline = time.monotonic() + 90
+        while True:
+            if not new.alive():
+                raise ClusterError(f"{component} exited on restart; see {old.log}")
+            with contextlib.suppress(OSError, ValueError, urllib.error.URLError):
+                if ok():
+                    return before or cmd or []
+            if time.monotonic() > deadline:
+                raise ClusterError(f"{component} not serving 90 s after its restart; see {old.log}")
+            time.sleep(0.25)
+
+    def _recorded(self, component: str) -> Proc:
+        for proc in self.procs():
+            if proc.name == component:
+                return proc
+        raise ClusterError(f"cluster {self.name!r} runs no {component!r}")
 
     # ---- component command lines ----------------------------------------------------------
     def _etcd_cmd(self) -> list[str]:

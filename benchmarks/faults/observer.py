@@ -1,0 +1,457 @@
+"""The campaign's independent observer: its own watches of GangJobs and pods (its own client),
+the simulated kubelet's view of which trainer runs where, and the invariants checked on them.
+
+It shares no code with the controller's decisions (no `controller.policy`, `reconcile`,
+`manager` or `arrivals`; import-linter holds it to that): what a GangJob's status means is read
+here from the fields as docs/api.md defines them. `Checker` is pure (observations in,
+violations out) so that a unit test can feed it a violating history; `Observer` feeds it from
+the cluster and the simulation.
+
+The invariants (`INVARIANTS`, each a violation's `invariant`):
+- `duplicate-rank`: never two live trainers of the same rank of a gang past a barrier;
+- `stale-epoch`: never a live trainer past the barrier at an epoch older than the job's
+  `status.barrierEpoch`;
+- `end-state`: after each fault, every gang it touched is Running at an open barrier (every
+  worker past it), or Failed with the reason the failure policy gives, within `recovery_bound`;
+- `budget`: infrastructure faults (node, device, controller, apiserver, etcd, endpoint) leave
+  `status.restarts.counted` alone, a restart with an infrastructure trigger is never counted,
+  and crashes count at most once each;
+- `lost-record`: no GangJob disappears unless the campaign deleted it, no status field of the
+  protocol goes backwards (`epoch`, `barrierEpoch`, `restarts.*`), and at the end every rank
+  of every live gang has its pod;
+- `terminating`: no pod stays Terminating longer than `terminating_bound`;
+- `restart-once`: every epoch bump is recorded once in `status.restarts.total`, a single
+  failure bumps once, the history never holds an epoch twice, and no restart has two
+  `GangRestarting` Events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.agent import Mode, Step
+from api.constants import LABEL_NAME, LABEL_RANK
+from benchmarks.scale.observer import follow
+from controller.k8s import CORE_EVENTS, GANGJOBS, PODS, JsonDict, Kube
+from localcluster.simkubelet import SimKubelet, SimTrainer, Worker
+
+INVARIANTS = (
+    "duplicate-rank",
+    "stale-epoch",
+    "end-state",
+    "budget",
+    "lost-record",
+    "terminating",
+    "restart-once",
+)
+INFRA_CLASSES = frozenset({"NodeLost", "DeviceUnhealthy", "Disruption", "Preempted", "Evicted"})
+"""Trigger classes of infrastructure failures (docs/api.md: they do not count by default)."""
+FAIL_REASON_EXIT_CODE = "NonRetriableExitCode"
+"""The Failed condition's reason when a `FailJob` rule matched an exit code (docs/api.md)."""
+RESTARTING_EVENT = "GangRestarting"
+
+
+@dataclass(frozen=True)
+class Violation:
+    invariant: str
+    job: str
+    detail: str
+    at: float
+    """`time.monotonic()` when it was seen."""
+
+
+@dataclass(frozen=True)
+class LiveTrainer:
+    """A trainer the simulation runs past a barrier: `Pod` mode, an agent whose probe is open;
+    `Process` mode, a stand-in trainer run not ended."""
+
+    job: str
+    rank: int
+    pod_uid: str
+    epoch: int
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    """What the invariants read of one GangJob's status."""
+
+    phase: str = ""
+    epoch: int = 0
+    barrier: int | None = None
+    total: int = 0
+    counted: int = 0
+    failed_reason: str = ""
+
+    @staticmethod
+    def of(job: Mapping[str, Any]) -> JobFacts:
+        st = job.get("status") or {}
+        restarts = st.get("restarts") or {}
+        failed = [
+            c for c in st.get("conditions") or [] if c["type"] == "Failed" and c["status"] == "True"
+        ]
+        return JobFacts(
+            phase=str(st.get("phase") or ""),
+            epoch=int(st.get("epoch") or 0),
+            barrier=st.get("barrierEpoch"),
+            total=int(restarts.get("total") or 0),
+            counted=int(restarts.get("counted") or 0),
+            failed_reason=str(failed[0].get("reason", "")) if failed else "",
+        )
+
+    @property
+    def open(self) -> bool:
+        """Running with the barrier of its epoch open."""
+        return self.phase == "Running" and self.barrier == self.epoch
+
+
+@dataclass(frozen=True)
+class FaultOutcome:
+    """One injected fault as the campaign saw it, for the checks that follow a fault."""
+
+    kind: str
+    jobs: tuple[str, ...]
+    """The gangs it touched."""
+    before: Mapping[str, JobFacts]
+    after: Mapping[str, JobFacts]
+    recovered: bool
+    """Every touched gang reached its end state within the bound."""
+    crashes: Mapping[str, int] = field(default_factory=dict)
+    """Worker crashes injected per gang (each may count against the budget once)."""
+    failing: frozenset[str] = frozenset()
+    """Gangs given a non-retriable exit: they must end Failed."""
+    single: frozenset[str] = frozenset()
+    """Gangs that had exactly one failure: exactly one epoch bump."""
+    infra: bool = False
+    """No crash at all: the budget must not move."""
+
+
+_MONOTONE = ("epoch", "barrierEpoch", "restarts.total", "restarts.counted")
+
+
+def _path(job: Mapping[str, Any], dotted: str) -> int | None:
+    value: Any = job.get("status") or {}
+    for part in dotted.split("."):
+        value = value.get(part) if isinstance(value, Mapping) else None
+    return value if isinstance(value, int) else None
+
+
+class Checker:
+    """The invariants over observations; `violations` collects what broke them."""
+
+    def __init__(self, terminating_bound: float, recovery_bound: float) -> None:
+        self.terminating_bound = terminating_bound
+        self.recovery_bound = recovery_bound
+        self.violations: list[Violation] = []
+        self._jobs: dict[str, JsonDict] = {}
+        self._deleting: set[str] = set()
+        self._terminating: dict[str, tuple[float, str, str]] = {}  # uid -> (since, job, name)
+        self._flagged: set[tuple[str, str]] = set()
+        self._counted_infra: set[tuple[str, int]] = set()
+
+    def _flag(self, invariant: str, job: str, detail: str, now: float, key: str = "") -> None:
+        """Records a violation; one `key` is flagged once (a condition seen on every sample)."""
+        if key:
+            if (invariant, key) in self._flagged:
+                return
+            self._flagged.add((invariant, key))
+        self.violations.append(Violation(invariant, job, detail, now))
+
+    # -- continuous ----------------------------------------------------------------------
+    def trainers(self, now: float, live: Iterable[LiveTrainer]) -> None:
+        """A sample of the live trainers: at most one per rank, none behind the barrier."""
+        by_rank: dict[tuple[str, int], list[LiveTrainer]] = {}
+        for t in live:
+            by_rank.setdefault((t.job, t.rank), []).append(t)
+            barrier = _path(self._jobs.get(t.job, {}), "barrierEpoch")
+            if barrier is not None and t.epoch < barrier:
+                self._flag(
+                    "stale-epoch",
+                    t.job,
+                    f"rank {t.rank} (pod {t.pod_uid}) runs at epoch {t.epoch}, barrier {barrier}",
+                    now,
+                    f"{t.pod_uid}/{t.epoch}/{barrier}",
+                )
+        for (job, rank), ts in by_rank.items():
+            if len(ts) > 1:
+                runs = ", ".join(f"pod {t.pod_uid} at epoch {t.epoch}" for t in ts)
+                key = "|".join(sorted(f"{t.pod_uid}/{t.epoch}" for t in ts))
+                self._flag("duplicate-rank", job, f"rank {rank}: {runs}", now, key)
+
+    def expect_deleted(self, name: str) -> None:
+        """The campaign deletes this GangJob: its disappearance is no loss."""
+        self._deleting.add(name)
+
+    def job(self, now: float, name: str, job: JsonDict | None) -> None:
+        """A GangJob as the watch shows it (None: deleted)."""
+        old = self._jobs.get(name)
+        if job is None:
+            self._jobs.pop(name, None)
+            if name not in self._deleting and old is not None:
+                self._flag("lost-record", name, "the GangJob disappeared", now)
+            return
+        if old is not None and old["metadata"].get("uid") == job["metadata"].get("uid"):
+            if old.get("status") and not job.get("status"):
+                self._flag("lost-record", name, "its status disappeared", now)
+            for dotted in _MONOTONE:
+                a, b = _path(old, dotted), _path(job, dotted)
+                if a is not None and (b is None or b < a):
+                    self._flag("lost-record", name, f"status.{dotted} went {a} -> {b}", now)
+        self._jobs[name] = job
+        last = (job.get("status") or {}).get("lastRestart") or {}
+        trigger = last.get("trigger") or {}
+        if trigger.get("class") in INFRA_CLASSES and last.get("counted"):
+            self._flag(
+                "budget",
+                name,
+                f"restart to epoch {last.get('epoch')} ({trigger['class']}) was counted",
+                now,
+                f"{name}/{last.get('epoch')}",
+            )
+
+    def pod(self, now: float, pod: JsonDict, gone: bool = False) -> None:
+        """A pod event: how long it has been Terminating is tracked by its UID."""
+        meta = pod["metadata"]
+        uid = meta["uid"]
+        if gone:
+            self._terminating.pop(uid, None)
+        elif meta.get("deletionTimestamp") and uid not in self._terminating:
+            job = (meta.get("labels") or {}).get(LABEL_NAME, "")
+            self._terminating[uid] = (now, job, meta["name"])
+
+    def pods_listed(self, now: float, pods: Iterable[JsonDict]) -> None:
+        """A fresh list: pods no longer there are gone."""
+        listed = {p["metadata"]["uid"] for p in pods}
+        for uid in list(self._terminating):
+            if uid not in listed:
+                del self._terminating[uid]
+
+    def tick(self, now: float) -> None:
+        """Time passes: pods Terminating past the bound."""
+        for uid, (since, job, name) in self._terminating.items():
+            if now - since > self.terminating_bound:
+                self._flag(
+                    "terminating",
+                    job,
+                    f"pod {name} ({uid}) Terminating over {self.terminating_bound:.0f}s",
+                    now,
+                    uid,
+                )
+
+    # -- after each fault ----------------------------------------------------------------
+    def fault_done(self, now: float, f: FaultOutcome) -> None:
+        for job in f.jobs:
+            before, after = f.before.get(job, JobFacts()), f.after.get(job, JobFacts())
+            where = f"after {f.kind}"
+            if job in f.failing:
+                if after.phase != "Failed" or after.failed_reason != FAIL_REASON_EXIT_CODE:
+                    self._flag(
+                        "end-state",
+                        job,
+                        f"{where}: phase {after.phase!r}, reason {after.failed_reason!r}; "
+                        f"want Failed, {FAIL_REASON_EXIT_CODE}",
+                        now,
+                    )
+                continue
+            if not f.recovered or not after.open:
+                self._flag(
+                    "end-state",
+                    job,
+                    f"{where}: not Running at an open barrier within "
+                    f"{self.recovery_bound:.0f}s (phase {after.phase!r}, epoch {after.epoch}, "
+                    f"barrier {after.barrier})",
+                    now,
+                )
+            bumps = after.epoch - before.epoch
+            if after.total - before.total != bumps:
+                self._flag(
+                    "restart-once",
+                    job,
+                    f"{where}: epoch {before.epoch} -> {after.epoch} but restarts.total "
+                    f"{before.total} -> {after.total}",
+                    now,
+                )
+            if job in f.single and bumps != 1:
+                self._flag("restart-once", job, f"{where}: one failure, {bumps} epoch bumps", now)
+            counted = after.counted - before.counted
+            allowed = 0 if f.infra else f.crashes.get(job, 0)
+            if counted > allowed:
+                self._flag(
+                    "budget",
+                    job,
+                    f"{where}: restarts.counted +{counted}, at most +{allowed} allowed",
+                    now,
+                )
+
+    # -- at the end ----------------------------------------------------------------------
+    def end(
+        self,
+        now: float,
+        jobs: Mapping[str, JsonDict],
+        pods: Mapping[str, Iterable[JsonDict]],
+        events: Iterable[JsonDict],
+    ) -> None:
+        """The final state: every live gang has its pods, each restart recorded once."""
+        restarting: dict[str, int] = {}
+        for e in events:
+            if e.get("reason") == RESTARTING_EVENT:
+                name = e.get("involvedObject", {}).get("name", "")
+                restarting[name] = restarting.get(name, 0) + int(e.get("count") or 1)
+        for name, job in jobs.items():
+            facts = JobFacts.of(job)
+            if facts.phase != "Failed":
+                replicas = int(job["spec"].get("replicas") or 0)
+                live = [p for p in pods.get(name, []) if not p["metadata"].get("deletionTimestamp")]
+                ranks = {(p["metadata"].get("labels") or {}).get(LABEL_RANK) for p in live}
+                missing = sorted(set(map(str, range(replicas))) - ranks)
+                if missing:
+                    self._flag("lost-record", name, f"ranks {missing} have no pod", now)
+            if restarting.get(name, 0) > facts.total:
+                self._flag(
+                    "restart-once",
+                    name,
+                    f"{restarting[name]} {RESTARTING_EVENT} Events for {facts.total} restarts",
+                    now,
+                )
+            history = [h.get("epoch") for h in (job.get("status") or {}).get("history") or []]
+            if len(history) != len(set(history)):
+                self._flag("restart-once", name, f"history repeats an epoch: {history}", now)
+
+
+# -- the live observer ----------------------------------------------------------------------
+
+
+@dataclass
+class _Seen:
+    job: str
+    rank: int
+    worker: Worker
+    agents: list[Any] = field(default_factory=list)
+
+
+class Observer:
+    """Feeds a `Checker` from its own watches (GangJobs, pods) and from the simulation's
+    agents and trainers, sampled every `period` seconds."""
+
+    def __init__(
+        self, kube: Kube, ns: str, sim: SimKubelet, checker: Checker, period: float = 0.1
+    ) -> None:
+        self.kube, self.ns, self.sim, self.checker, self.period = kube, ns, sim, checker, period
+        self.jobs: dict[str, JsonDict] = {}
+        self._seen: dict[int, _Seen] = {}  # id(Worker) -> what it runs
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(
+                follow(
+                    self.kube,
+                    GANGJOBS,
+                    self.ns,
+                    on_list=self._jobs_listed,
+                    on_event=self._job_event,
+                )
+            ),
+            asyncio.create_task(
+                follow(
+                    self.kube,
+                    PODS,
+                    self.ns,
+                    on_list=self._pods_listed,
+                    on_event=self._pod_event,
+                    label_selector=LABEL_NAME,
+                )
+            ),
+            asyncio.create_task(self._sample()),
+        ]
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+
+    def facts(self, name: str) -> JobFacts:
+        return JobFacts.of(self.jobs.get(name, {}))
+
+    def _jobs_listed(self, items: list[JsonDict]) -> None:
+        now = time.monotonic()
+        names = {j["metadata"]["name"] for j in items}
+        for name in list(self.jobs):
+            if name not in names:
+                self._job_event("DELETED", self.jobs[name])
+        for j in items:
+            self._job_event("MODIFIED", j)
+        self.checker.tick(now)
+
+    def _job_event(self, kind: str, job: JsonDict) -> None:
+        name = job["metadata"]["name"]
+        if kind == "DELETED":
+            self.jobs.pop(name, None)
+            self.checker.job(time.monotonic(), name, None)
+        else:
+            self.jobs[name] = job
+            self.checker.job(time.monotonic(), name, job)
+
+    def _pods_listed(self, items: list[JsonDict]) -> None:
+        now = time.monotonic()
+        self.checker.pods_listed(now, items)
+        for p in items:
+            self.checker.pod(now, p)
+
+    def _pod_event(self, kind: str, pod: JsonDict) -> None:
+        self.checker.pod(time.monotonic(), pod, gone=kind == "DELETED")
+
+    async def _sample(self) -> None:
+        while True:
+            now = time.monotonic()
+            self.checker.trainers(now, self.live_trainers())
+            self.checker.tick(now)
+            await asyncio.sleep(self.period)  # a sampling period: the simulation has no events
+
+    def live_trainers(self) -> list[LiveTrainer]:
+        """Every trainer running past a barrier, from every agent and trainer run this
+        simulation has had (a stopped worker's included, until it has really ended)."""
+        for w in self.sim.workers.values():
+            seen = self._seen.get(id(w))
+            if seen is None:
+                pod = self.sim.pods.get(w.name)
+                if pod is None or pod["metadata"]["uid"] != w.uid:
+                    continue
+                labels = pod["metadata"].get("labels") or {}
+                seen = _Seen(labels.get(LABEL_NAME, ""), int(labels.get(LABEL_RANK, -1)), w)
+                self._seen[id(w)] = seen
+            if w.agent is not None and (not seen.agents or seen.agents[-1] is not w.agent):
+                seen.agents.append(w.agent)
+        out: list[LiveTrainer] = []
+        for key, seen in list(self._seen.items()):
+            w = seen.worker
+            if w.mode is Mode.PROCESS:
+                runs: list[SimTrainer] = [r for r in w.trainer_runs if r.running]
+                out += [LiveTrainer(seen.job, seen.rank, w.uid, r.epoch) for r in runs]
+                alive = bool(runs) or any(a.state.step is not Step.DONE for a in seen.agents)
+            else:
+                alive = False
+                for a in seen.agents:
+                    st = a.state
+                    if st.step is Step.RUNNING and st.barrier_open and st.epoch is not None:
+                        out.append(LiveTrainer(seen.job, seen.rank, w.uid, st.epoch))
+                    alive |= st.step is not Step.DONE
+                seen.agents = [a for a in seen.agents if a.state.step is not Step.DONE]
+            if not alive and self.sim.workers.get(w.name) is not w:
+                del self._seen[key]
+        return out
+
+    async def final(self) -> None:
+        """The end-of-campaign checks, on fresh lists."""
+        jobs = {j["metadata"]["name"]: j for j in (await self.kube.list(GANGJOBS, self.ns)).items}
+        pods: dict[str, list[JsonDict]] = {}
+        for p in (await self.kube.list(PODS, self.ns, label_selector=LABEL_NAME)).items:
+            pods.setdefault(p["metadata"]["labels"][LABEL_NAME], []).append(p)
+        events = (await self.kube.list(CORE_EVENTS, self.ns)).items
+        self.checker.end(time.monotonic(), jobs, pods, events)

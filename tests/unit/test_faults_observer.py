@@ -1,0 +1,262 @@
+"""The fault campaign's invariant checks can fail: each one flags a violating history and lets
+the matching good one pass (benchmarks/faults/observer.py `Checker`); and the schedule is the
+seed's alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from benchmarks.faults.observer import (
+    FAIL_REASON_EXIT_CODE,
+    INVARIANTS,
+    Checker,
+    FaultOutcome,
+    JobFacts,
+    LiveTrainer,
+)
+from benchmarks.faults.schedule import KINDS, schedule
+
+
+def checker() -> Checker:
+    return Checker(terminating_bound=60.0, recovery_bound=120.0)
+
+
+def job(name: str = "a", uid: str = "j1", **status: Any) -> dict[str, Any]:
+    return {"metadata": {"name": name, "uid": uid}, "spec": {"replicas": 2}, "status": status}
+
+
+def flagged(c: Checker) -> list[str]:
+    return [v.invariant for v in c.violations]
+
+
+def running(epoch: int, total: int = 0, counted: int = 0) -> JobFacts:
+    return JobFacts("Running", epoch, epoch, total, counted)
+
+
+def outcome(before: JobFacts, after: JobFacts, **kw: Any) -> FaultOutcome:
+    return FaultOutcome(
+        "crash", ("a",), {"a": before}, {"a": after}, kw.pop("recovered", True), **kw
+    )
+
+
+# -- duplicate-rank ----------------------------------------------------------------------------
+
+
+def test_two_live_trainers_of_one_rank_are_flagged() -> None:
+    c = checker()
+    c.trainers(1.0, [LiveTrainer("a", 0, "u1", 3), LiveTrainer("a", 0, "u2", 3)])
+    assert flagged(c) == ["duplicate-rank"]
+    # Seen again on the next sample: still one violation, not one per sample.
+    c.trainers(1.1, [LiveTrainer("a", 0, "u1", 3), LiveTrainer("a", 0, "u2", 3)])
+    assert flagged(c) == ["duplicate-rank"]
+
+
+def test_one_trainer_per_rank_passes() -> None:
+    c = checker()
+    c.trainers(1.0, [LiveTrainer("a", 0, "u1", 3), LiveTrainer("a", 1, "u2", 3),
+                     LiveTrainer("b", 0, "u3", 3)])  # fmt: skip
+    assert flagged(c) == []
+
+
+# -- stale-epoch -------------------------------------------------------------------------------
+
+
+def test_a_trainer_behind_the_barrier_is_flagged() -> None:
+    c = checker()
+    c.job(0.0, "a", job(epoch=4, barrierEpoch=4))
+    c.trainers(1.0, [LiveTrainer("a", 1, "u1", 3)])
+    assert flagged(c) == ["stale-epoch"]
+
+
+def test_a_trainer_at_the_barrier_passes() -> None:
+    c = checker()
+    c.job(0.0, "a", job(epoch=5, barrierEpoch=4))
+    c.trainers(1.0, [LiveTrainer("a", 1, "u1", 4)])
+    assert flagged(c) == []
+
+
+# -- end-state ---------------------------------------------------------------------------------
+
+
+def test_a_gang_not_back_at_an_open_barrier_is_flagged() -> None:
+    c = checker()
+    stuck = JobFacts("Running", 2, 1, 2, 2)
+    c.fault_done(9.0, outcome(running(1, 1, 1), stuck, recovered=False, crashes={"a": 1}))
+    assert "end-state" in flagged(c)
+
+
+@pytest.mark.parametrize(
+    "after", [running(0), JobFacts("Failed", 0, 0, 0, 0, "MaxRestartsExceeded")]
+)
+def test_a_fatal_exit_not_failing_with_the_policys_reason_is_flagged(after: JobFacts) -> None:
+    c = checker()
+    c.fault_done(9.0, outcome(running(0), after, failing=frozenset({"a"})))
+    assert flagged(c) == ["end-state"]
+
+
+def test_recovered_gangs_pass() -> None:
+    c = checker()
+    c.fault_done(9.0, outcome(running(1, 1, 1), running(2, 2, 2), crashes={"a": 1},
+                              single=frozenset({"a"})))  # fmt: skip
+    failed = JobFacts("Failed", 0, 0, 0, 0, FAIL_REASON_EXIT_CODE)
+    c.fault_done(9.0, outcome(running(0), failed, failing=frozenset({"a"})))
+    assert flagged(c) == []
+
+
+# -- budget ------------------------------------------------------------------------------------
+
+
+def test_an_infrastructure_fault_that_counts_is_flagged() -> None:
+    c = checker()
+    c.fault_done(9.0, outcome(running(1, 1, 0), running(2, 2, 1), infra=True))
+    assert flagged(c) == ["budget"]
+
+
+def test_more_counted_restarts_than_crashes_are_flagged() -> None:
+    c = checker()
+    c.fault_done(9.0, outcome(running(1, 1, 1), running(3, 3, 3), crashes={"a": 1}))
+    assert flagged(c) == ["budget"]
+
+
+def test_a_counted_node_loss_restart_is_flagged() -> None:
+    c = checker()
+    last = {"epoch": 1, "counted": True, "trigger": {"class": "NodeLost", "action": "RestartGang"}}
+    c.job(1.0, "a", job(epoch=1, lastRestart=last))
+    assert flagged(c) == ["budget"]
+    c2 = checker()
+    c2.job(1.0, "a", job(epoch=1, lastRestart={**last, "counted": False}))
+    assert flagged(c2) == []
+
+
+# -- lost-record -------------------------------------------------------------------------------
+
+
+def test_a_gangjob_that_disappears_is_flagged_unless_the_campaign_deleted_it() -> None:
+    c = checker()
+    c.job(0.0, "a", job())
+    c.job(0.0, "b", job("b", "j2"))
+    c.expect_deleted("b")
+    c.job(1.0, "a", None)
+    c.job(1.0, "b", None)
+    assert [(v.invariant, v.job) for v in c.violations] == [("lost-record", "a")]
+
+
+@pytest.mark.parametrize(
+    "later",
+    [
+        {"epoch": 2, "barrierEpoch": 1, "restarts": {"total": 3, "counted": 1}},
+        {"epoch": 3, "barrierEpoch": 3, "restarts": {"total": 2, "counted": 1}},
+        {"epoch": 3, "barrierEpoch": 3, "restarts": {"total": 3, "counted": 0}},
+        {},
+    ],
+)
+def test_a_status_going_back_is_flagged(later: dict[str, Any]) -> None:
+    c = checker()
+    c.job(0.0, "a", job(epoch=3, barrierEpoch=2, restarts={"total": 3, "counted": 1}))
+    c.job(1.0, "a", job(**later))
+    assert "lost-record" in flagged(c)
+
+
+def test_a_status_moving_on_passes() -> None:
+    c = checker()
+    c.job(0.0, "a", job(epoch=3, barrierEpoch=2, restarts={"total": 3, "counted": 1}))
+    c.job(1.0, "a", job(epoch=3, barrierEpoch=3, restarts={"total": 3, "counted": 1}))
+    c.job(2.0, "a", job(uid="new", epoch=0))  # a new GangJob of the name starts again
+    assert flagged(c) == []
+
+
+def pod(rank: int, uid: str = "", terminating: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": f"a-{rank}",
+        "uid": uid or f"p{rank}",
+        "labels": {"gangjob.io/name": "a", "gangjob.io/rank": str(rank)},
+    }
+    if terminating:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {"metadata": meta}
+
+
+def test_a_rank_without_its_pod_at_the_end_is_flagged() -> None:
+    c = checker()
+    c.end(9.0, {"a": job(epoch=1, barrierEpoch=1, phase="Running")},
+          {"a": [pod(0), pod(1, terminating=True)]}, [])  # fmt: skip
+    assert flagged(c) == ["lost-record"]
+    c2 = checker()
+    c2.end(9.0, {"a": job(epoch=1, barrierEpoch=1, phase="Running")}, {"a": [pod(0), pod(1)]}, [])
+    assert flagged(c2) == []
+
+
+# -- terminating -------------------------------------------------------------------------------
+
+
+def test_a_pod_terminating_past_the_bound_is_flagged() -> None:
+    c = checker()
+    c.pod(0.0, pod(0, terminating=True))
+    c.tick(59.0)
+    assert flagged(c) == []
+    c.tick(61.0)
+    assert flagged(c) == ["terminating"]
+
+
+def test_a_pod_gone_within_the_bound_passes() -> None:
+    c = checker()
+    c.pod(0.0, pod(0, terminating=True))
+    c.pod(5.0, pod(0, terminating=True), gone=True)
+    c.pod(6.0, pod(1, terminating=True))
+    c.pods_listed(7.0, [])  # a relist without it: it went while the watch was down
+    c.tick(100.0)
+    assert flagged(c) == []
+
+
+# -- restart-once ------------------------------------------------------------------------------
+
+
+def test_a_bump_recorded_twice_is_flagged() -> None:
+    c = checker()
+    c.fault_done(9.0, outcome(running(1, 1, 1), running(2, 3, 2), crashes={"a": 1}))
+    assert flagged(c) == ["restart-once"]
+
+
+def test_one_failure_bumping_twice_is_flagged() -> None:
+    c = checker()
+    c.fault_done(9.0, outcome(running(1, 1, 1), running(3, 3, 2), crashes={"a": 1},
+                              single=frozenset({"a"})))  # fmt: skip
+    assert flagged(c) == ["restart-once"]
+
+
+def test_two_events_for_one_restart_or_a_repeated_history_are_flagged() -> None:
+    events = [
+        {"reason": "GangRestarting", "involvedObject": {"name": "a"}, "count": 1},
+        {"reason": "GangRestarting", "involvedObject": {"name": "a"}, "count": 1},
+    ]
+    one = job(epoch=1, barrierEpoch=1, phase="Running", restarts={"total": 1})
+    c = checker()
+    c.end(9.0, {"a": one}, {"a": [pod(0), pod(1)]}, events)
+    assert flagged(c) == ["restart-once"]
+    twice = job(epoch=2, barrierEpoch=2, phase="Running", restarts={"total": 2},
+                history=[{"epoch": 1}, {"epoch": 1}])  # fmt: skip
+    c2 = checker()
+    c2.end(9.0, {"a": twice}, {"a": [pod(0), pod(1)]}, events)
+    assert flagged(c2) == ["restart-once"]
+
+
+def test_every_invariant_has_a_test_that_flags_it() -> None:
+    tested = {
+        "duplicate-rank", "stale-epoch", "end-state", "budget", "lost-record", "terminating",
+        "restart-once",
+    }  # fmt: skip
+    assert set(INVARIANTS) == tested
+
+
+# -- the schedule ------------------------------------------------------------------------------
+
+
+def test_the_schedule_is_the_seeds_and_covers_every_kind_evenly() -> None:
+    assert schedule(7, 120) == schedule(7, 120)
+    assert schedule(7, 120) != schedule(8, 120)
+    full = schedule(1, 120)
+    assert {k: full.count(k) for k in KINDS} == dict.fromkeys(KINDS, 120 // len(KINDS))
+    short = schedule(1, 10)
+    assert len(short) == len(set(short)) == 10
