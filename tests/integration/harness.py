@@ -12,6 +12,7 @@ import yaml
 from api import builders
 from api.constants import LABEL_NAME
 from controller.k8s import CRDS, GANGJOBS, PODS, JsonDict, Kube, NotFound
+from localcluster.addons import crd_established
 from localcluster.procs import free_port
 from localcluster.tools import (
     REPO,
@@ -51,11 +52,7 @@ async def install_crd(kube: Kube) -> None:
     except NotFound:
         await kube.create(CRDS, crd)
 
-    def established(crd: JsonDict) -> bool:
-        conds = (crd.get("status") or {}).get("conditions") or []
-        return any(c["type"] == "Established" and c["status"] == "True" for c in conds)
-
-    await wait_for(kube, CRDS, name, None, established, timeout=60, what="Established")
+    await wait_for(kube, CRDS, name, None, crd_established, timeout=60, what="Established")
 
 
 def gangjob(name: str, replicas: int, **spec: Any) -> JsonDict:

@@ -22,6 +22,7 @@ from agent.config import Config
 from api.builders import gangjob
 from api.constants import ANNOTATION_EPOCH, ANNOTATION_EXIT, RESTART_EXIT_CODE
 from controller.k8s import CRDS, GANGJOBS, PODS, AlreadyExists, JsonDict, Kube
+from localcluster.addons import crd_established
 from localcluster.cluster import Cluster
 from tests.unit.test_agent_http import fetch
 from tests.waiting import wait_for
@@ -42,11 +43,7 @@ async def gangjob_crd(sim_kubeconfig: pathlib.Path) -> None:
         with contextlib.suppress(AlreadyExists):
             await kube.create(CRDS, crd)
 
-        def established(obj: JsonDict) -> bool:
-            conditions = (obj.get("status") or {}).get("conditions") or []
-            return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
-
-        await wait_for(kube, CRDS, name, None, established, timeout=60, what="Established")
+        await wait_for(kube, CRDS, name, None, crd_established, timeout=60, what="Established")
 
 
 @pytest.fixture(scope="module")

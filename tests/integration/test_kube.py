@@ -27,6 +27,7 @@ from controller.k8s import (
 from controller.k8s.leader import LeaderElectionConfig, LeaderElector
 from controller.k8s.store import BY_GANGJOB, Store, StoreEvent, gangjob_index
 from controller.runtime import metrics
+from localcluster.addons import crd_established
 
 pytestmark = pytest.mark.integration
 
@@ -239,18 +240,14 @@ async def ensure_gangjob_crd(kube: Kube) -> None:
     name = crd["metadata"]["name"]
     listed = await kube.list(CRDS, field_selector=f"metadata.name={name}")
 
-    def established(obj: JsonDict) -> bool:
-        conditions = (obj.get("status") or {}).get("conditions") or []
-        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
-
-    if listed.items and established(listed.items[0]):
+    if listed.items and crd_established(listed.items[0]):
         return
     stream = kube.watch(
         CRDS, field_selector=f"metadata.name={name}", resource_version=listed.resource_version
     )
     async with contextlib.aclosing(stream), asyncio.timeout(DEADLINE):
         async for event in stream:
-            if event.type != "BOOKMARK" and established(event.object):
+            if event.type != "BOOKMARK" and crd_established(event.object):
                 return
 
 
