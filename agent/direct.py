@@ -100,12 +100,10 @@ class DirectArrival:
         await self.close()
         accepted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._hold = asyncio.create_task(self._run(epoch, exit, accepted))
-        waiter = asyncio.ensure_future(accepted)
-        try:
-            await asyncio.wait({waiter, self._hold}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiter.cancel()
-        if accepted.done():
+        # On `accepted` itself, and never cancel it: a cancelled future is done, and a report
+        # that neither channel took would look accepted (the trainer's exit then lost).
+        await asyncio.wait({accepted, self._hold}, return_when=asyncio.FIRST_COMPLETED)
+        if accepted.done() and not accepted.cancelled():
             return
         self._hold.result()  # ended before accepting: raises what the fallback raised
 

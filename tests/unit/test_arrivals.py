@@ -11,6 +11,7 @@ import asyncio
 import base64
 import dataclasses
 import json
+import logging
 import pathlib
 import time
 from collections.abc import AsyncIterator
@@ -21,7 +22,8 @@ import pytest
 from aiohttp import web
 
 from agent.agent import Agent, Step
-from agent.apiclient import ApiError, HttpClient
+from agent.apiclient import ApiError, HttpClient, TransportError
+from agent.direct import DirectArrival
 from agent.protocol import JobState
 from agent.watch import newest
 from api.constants import ANNOTATION_EPOCH, RESTART_EXIT_CODE
@@ -412,3 +414,61 @@ async def test_the_agent_of_a_replaced_pod_does_not_annotate_its_namesake(
             with pytest.raises(TimeoutError):
                 await asyncio.wait_for(ctl.fake.until(lambda: ctl.fake.refused_patches > 1), 0.5)
     assert ctl.fake.annotations("train-0") == {}
+
+
+class _Unreachable:
+    """A controller nobody can reach: every report fails before an answer."""
+
+    async def stream(
+        self,
+        method: str,
+        target: str,
+        body: Any = None,
+        *,
+        inactivity_timeout: float = 90.0,
+        token: str | None = None,
+    ) -> AsyncIterator[Any]:
+        if method:  # always: the `yield` below makes this a generator
+            raise TransportError(f"{method} {target}: connection refused")
+        yield {}
+
+
+class _FlakyAnnotation:
+    """The annotation channel with the apiserver down for the first `failures` writes."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.written: list[tuple[int, tuple[int, int] | None]] = []
+
+    async def arrive(self, epoch: int, exit: tuple[int, int] | None = None) -> None:
+        if self.failures > 0:
+            self.failures -= 1
+            raise TransportError("PATCH pod: connection refused")
+        self.written.append((epoch, exit))
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_a_report_neither_channel_took_is_not_taken_for_accepted(
+    tmp_path: pathlib.Path,
+) -> None:
+    """The controller out of reach and the apiserver down too (a crash during an apiserver
+    restart): `arrive` raises for the agent to try again, and returns only once a write
+    really landed; else the trainer's exit is lost and the gang waits for an epoch forever."""
+    token = tmp_path / "token"
+    token.write_text("t")
+    config = make_config(tmp_path, arrival_token_file=str(token), direct_fallback_seconds=0.05)
+    annotation = _FlakyAnnotation(failures=1)
+    fell_back: list[bool] = []
+    log = logging.LoggerAdapter(logging.getLogger("test"), {})
+    direct = DirectArrival(
+        _Unreachable(), config, annotation, lambda s: None, lambda: fell_back.append(True), log
+    )
+    with pytest.raises(TransportError, match="PATCH pod"):
+        await asyncio.wait_for(direct.arrive(0, (0, 1)), DEADLINE)
+    assert annotation.written == []
+    await asyncio.wait_for(direct.arrive(0, (0, 1)), DEADLINE)  # the agent's retry
+    assert annotation.written == [(0, (0, 1))]
+    assert fell_back == [True, True]
+    await direct.close()
