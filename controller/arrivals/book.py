@@ -62,7 +62,11 @@ def proven(report: Report, held: Report | None) -> Report:
     if held is None or held.uid != report.uid or report.incarnation is None:
         restarted = False
     elif held.incarnation == report.incarnation:
-        restarted = held.restarted and held.epoch == report.epoch
+        # The same agent: still proven at the same epoch (it sent its report again), and at a
+        # later one if at its own it only said that the pod restarted under it (exit code
+        # unknown) and waited: it started after that restart and has run nothing since.
+        came_back = held.exit == (held.epoch, None) and held.epoch < report.epoch
+        restarted = held.restarted and (held.epoch == report.epoch or came_back)
     else:
         restarted = held.incarnation is not None and held.epoch <= report.epoch
     return dataclasses.replace(report, restarted=restarted)

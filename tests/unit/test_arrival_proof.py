@@ -47,6 +47,34 @@ def test_another_incarnation_at_a_later_epoch_proves_the_restart() -> None:
     assert not book.get(NAMESPACE, "p").restarted  # type: ignore[union-attr]
 
 
+def test_an_agent_that_came_back_before_the_epoch_stays_proven_at_it() -> None:
+    """Pod mode, the failed worker: its pod restarts (trainer exit) before the controller raises
+    the epoch; the new agent finds its state file at the old epoch, says the pod restarted there
+    (code unknown), waits, and arrives at the new epoch without another restart. That arrival
+    is a restarted pod's: it must count before the kubelet's status write clears the pod's
+    `AllContainersRestarting` (at N=1000 that write came 8 s after the last arrival)."""
+    book = ArrivalBook()
+    book.record(NAMESPACE, "p", Report("u", 1, incarnation="a"), job=JOB)
+    book.record(NAMESPACE, "p", Report("u", 1, (1, None), incarnation="b"), job=JOB)
+    assert book.get(NAMESPACE, "p").restarted  # type: ignore[union-attr]
+    book.record(NAMESPACE, "p", Report("u", 2, incarnation="b"), job=JOB)
+    assert book.get(NAMESPACE, "p").restarted  # type: ignore[union-attr]
+    # Its trainer then ran at 2 (Process mode) or its barrier opened: at 3 it proves nothing.
+    book.record(NAMESPACE, "p", Report("u", 3, incarnation="b"), job=JOB)
+    assert not book.get(NAMESPACE, "p").restarted  # type: ignore[union-attr]
+    # A trainer's own exit at an epoch (a code) is no restart of the pod: nothing carries over.
+    other = ArrivalBook()
+    other.record(NAMESPACE, "p", Report("u", 1, incarnation="a"), job=JOB)
+    other.record(NAMESPACE, "p", Report("u", 1, (1, 1), incarnation="a"), job=JOB)
+    other.record(NAMESPACE, "p", Report("u", 2, incarnation="a"), job=JOB)
+    assert not other.get(NAMESPACE, "p").restarted  # type: ignore[union-attr]
+    # Unproven at its own epoch (no earlier report held): not proven later either.
+    fresh = ArrivalBook()
+    fresh.record(NAMESPACE, "p", Report("u", 1, (1, None), incarnation="b"), job=JOB)
+    fresh.record(NAMESPACE, "p", Report("u", 2, incarnation="b"), job=JOB)
+    assert not fresh.get(NAMESPACE, "p").restarted  # type: ignore[union-attr]
+
+
 def test_without_a_known_previous_incarnation_nothing_is_proven() -> None:
     # A controller that restarted holds no previous report: the pod's status decides.
     book = ArrivalBook()
