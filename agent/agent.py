@@ -139,6 +139,7 @@ class Agent:
                 self._watcher.offer,
                 self._ensure_watching,
                 self.log,
+                job_gone=self._watcher.gone,
             )
         self._arrival: Arrival = arrival or annotation
         # Through the controller, an agent needs no watch of its own: the report's answer
@@ -164,6 +165,11 @@ class Agent:
     def job(self) -> JobState | None:
         """The agent's latest view of its GangJob."""
         return self._watcher.state
+
+    @property
+    def job_deleted(self) -> bool:
+        """The GangJob is gone: the agent no longer reads it, and idles until stopped."""
+        return self._watcher.deleted
 
     async def wait_for(self, predicate: Callable[[AgentState], bool]) -> AgentState:
         """The first state (the current one included) for which `predicate` holds."""
@@ -473,14 +479,18 @@ class Agent:
         waits = {*tasks, self._stop_task}
         if self._watch_task is not None:
             waits.add(self._watch_task)
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        if any(t.done() for t in tasks):
-            return
-        if self._stop_task.done():
-            raise Stopped
-        assert self._watch_task is not None
-        self._watch_task.result()
-        raise RuntimeError("job watcher ended")
+        while True:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            if any(t.done() for t in tasks):
+                return
+            if self._stop_task.done():
+                raise Stopped
+            assert self._watch_task is not None
+            self._watch_task.result()
+            if not self._watcher.deleted:
+                raise RuntimeError("job watcher ended")
+            # The job is gone: nothing will come, and the agent idles until it is stopped.
+            waits.discard(self._watch_task)
 
     async def _retry(self, what: str, call: Callable[[], Awaitable[R]]) -> R:
         """`call()` until it succeeds, with backoff; `Stopped` on `stop()`."""

@@ -22,7 +22,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -83,13 +83,17 @@ class DirectArrival:
         on_state: Callable[[JobState], None],
         on_fallback: Callable[[], None],
         log: logging.LoggerAdapter[logging.Logger],
+        job_gone: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
+        """`job_gone()` asks the apiserver whether the GangJob still exists (a 404 from the
+        controller is checked there before the agent stops reporting)."""
         self._client = client
         self._config = config
         self._fallback = fallback
         self._on_state = on_state
         self._on_fallback = on_fallback
         self._log = log
+        self._job_gone = job_gone
         self._hold: asyncio.Task[None] | None = None
         # Drawn when the agent starts, never kept across a restart: a report from another
         # incarnation than the pod's previous one proves to the controller that the pod's
@@ -157,6 +161,13 @@ class DirectArrival:
                 if e.status in (401, 403):
                     self._log.error("the controller refused the arrival report: %s", e)
                     return await self._fall_back(epoch, exit, accepted)
+                if e.status == 404 and self._job_gone is not None and await self._job_gone():
+                    # Deleted: the pod is garbage now. Neither a report nor the annotation
+                    # fallback (a pod write per worker) helps anyone.
+                    self._log.warning("gangjob deleted: no more arrival reports")
+                    if not accepted.done():
+                        accepted.set_result(None)
+                    return
                 if e.status == 429:
                     # The controller is up and busy: waiting is the cure. Arriving by
                     # annotation instead would only move the load onto the apiserver.

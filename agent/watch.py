@@ -52,6 +52,9 @@ class JobWatcher:
         self._backoff = Backoff(config.backoff_initial, config.backoff_max)
         self._fresh = False
         """The resourceVersion watched from comes from a read, and no event came since."""
+        self.deleted = False
+        """The job is gone (a DELETED event, or a read found no such job): nothing more will
+        come, and the watch has ended for good."""
 
     async def wait_for(self, predicate: Callable[[JobState], bool]) -> JobState:
         """The first state (the current one included) for which `predicate` holds."""
@@ -89,16 +92,38 @@ class JobWatcher:
         assert self.state is not None
         return self.state
 
+    async def gone(self) -> bool:
+        """Reads the job once: whether it no longer exists (False if it does, or if the read
+        failed: only the apiserver's own answer says a job is gone)."""
+        try:
+            await self._read()
+        except ApiError as e:
+            if e.status == 404:
+                self.deleted = True
+                return True
+        except ClientError:
+            pass
+        return False
+
     async def run(self) -> None:
+        """Until the job is deleted: then the pod is garbage, collected soon, and an agent that
+        went on reading would cost the apiserver a request per worker every backoff period
+        (at N=5000, hundreds a second for as long as the collection takes)."""
         resource_version: str | None = None
-        while True:
+        while not self.deleted:
             try:
                 if resource_version is None:
                     resource_version = await self._read()
                     self._fresh = True
                 resource_version = await self._watch(resource_version)
-                continue  # the server ended the watch (timeoutSeconds): resume at once
+                continue  # the server ended the watch (timeoutSeconds), or the job is gone
             except ApiError as e:
+                if e.status == 404:
+                    self._log.warning(
+                        "gangjob %s not found: no longer watching it", self._config.job_name
+                    )
+                    self.deleted = True
+                    return
                 if e.gone and not self._fresh:
                     self._log.info("watch: resourceVersion expired, reading the job again")
                     resource_version = None
@@ -159,6 +184,7 @@ class JobWatcher:
                     resource_version = state.resource_version
                 if kind == "DELETED":
                     self._log.warning("gangjob %s was deleted", config.job_name)
+                    self.deleted = True
                     return None
                 if kind in ("ADDED", "MODIFIED"):
                     self._publish(state)

@@ -18,9 +18,15 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from hypothesis import settings
 
 from controller.k8s import NAMESPACES, PODS, Kube, NotFound
 from localcluster.cluster import Cluster, Options
+
+# No per-example deadline: a property is about outcomes, and an example's time on a shared,
+# loaded machine is noise (a timed assertion in disguise).
+settings.register_profile("gangjob", deadline=None)
+settings.load_profile("gangjob")
 
 # GANGJOB_TEST_CLUSTERS=<prefix> gives a run clusters of its own (`<prefix>-sim`, `<prefix>-node`),
 # so that two test runs on one machine do not share (and stop) each other's clusters.

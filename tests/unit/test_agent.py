@@ -207,6 +207,14 @@ class FakeApi:
         self.history.append((self.rv, {"type": "MODIFIED", "object": self.job}))
         self._notify()
 
+    def delete_job(self) -> None:
+        self.rv += 1
+        gone = copy.deepcopy(self.job)
+        gone["metadata"]["resourceVersion"] = str(self.rv)
+        self.history.append((self.rv, {"type": "DELETED", "object": gone}))
+        self.job = {}
+        self._notify()
+
     def compact(self) -> None:
         """Every resourceVersion so far expires: watches from them get 410."""
         self.compacted = self.rv
@@ -292,6 +300,13 @@ def make_config(tmp_path: pathlib.Path, pod: str = "train-0", **kw: Any) -> Conf
         backoff_max=0.05,
         **kw,
     )
+
+
+async def polled(predicate: Callable[[], bool]) -> None:
+    """Until `predicate()` holds, for state nothing signals (checked every 10 ms)."""
+    async with asyncio.timeout(DEADLINE):
+        while not predicate():  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
 
 
 @contextlib.asynccontextmanager
@@ -385,6 +400,29 @@ async def test_pod_mode_stays_idle_when_the_job_finished(tmp_path: pathlib.Path)
         assert not task.done()
         a.stop()  # the kubelet stops the sidecar once the trainer ended
         assert await asyncio.wait_for(task, DEADLINE) == 0
+
+
+@pytest.mark.parametrize("seen", ["event", "read"])
+async def test_an_agent_stops_reading_a_deleted_job(tmp_path: pathlib.Path, seen: str) -> None:
+    """Its pod is garbage once the job is gone: an agent that went on reading would cost the
+    apiserver a list per worker every backoff period until the pod is collected."""
+    fake = FakeApi(epoch=0)
+    fake.add_pod("train-0")
+    a = Agent(make_config(tmp_path), fake)
+    async with running(a) as task:
+        fake.set_status(barrierEpoch=0)
+        await until(a, lambda s: s.barrier_open)
+        if seen == "read":
+            fake.job = {}  # the deletion found by the read after the watch expired
+            fake.compact()
+            fake.break_watches(1)
+        else:
+            fake.delete_job()
+        await polled(lambda: a.job_deleted)
+        lists = fake.job_gets
+        await asyncio.sleep(0.3)  # backoff 0.01-0.05 s: a dozen reads if it went on
+        assert fake.job_gets == lists
+        assert not task.done()  # idle until the kubelet stops it
 
 
 async def test_pod_mode_serves_the_barrier_probe(tmp_path: pathlib.Path) -> None:

@@ -35,7 +35,16 @@ from controller.arrivals.server import BadReport, arrivals_app, parse_report
 from controller.policy.gang import arrived_by_barrier
 from controller.policy.views import PodView
 from localcluster.procs import free_port
-from tests.unit.test_agent import DEADLINE, JOB, NS, FakeApi, make_config, running, until
+from tests.unit.test_agent import (
+    DEADLINE,
+    JOB,
+    NS,
+    FakeApi,
+    make_config,
+    polled,
+    running,
+    until,
+)
 
 # -- the rules ---------------------------------------------------------------------------------
 
@@ -258,7 +267,7 @@ async def controller() -> AsyncIterator[Controller]:
     app = arrivals_app(
         book,
         authenticate,
-        lambda key: fake.job if key == f"{NS}/{JOB}" else None,
+        lambda key: (fake.job or None) if key == f"{NS}/{JOB}" else None,
         pod_job=ctl.pod_job,
         accepting=lambda: True,
         on_report=ctl.on_report,
@@ -472,3 +481,23 @@ async def test_a_report_neither_channel_took_is_not_taken_for_accepted(
     assert annotation.written == [(0, (0, 1))]
     assert fell_back == [True, True]
     await direct.close()
+
+
+async def test_after_its_job_is_deleted_an_agent_neither_reports_nor_annotates(
+    controller: Controller, tmp_path: pathlib.Path
+) -> None:
+    """The controller ends the streams of a deleted job and answers a new report 404: the
+    agent checks with the apiserver once, and stops, instead of falling back to a pod write
+    (thousands at once when a big gang is deleted)."""
+    ctl = controller
+    async with HttpClient(ctl.url) as client:
+        a = direct_agent(ctl, tmp_path, client, direct_fallback_seconds=0.1)
+        async with running(a) as task:
+            await until(a, lambda s: s.step == Step.AT_BARRIER)
+            ctl.fake.delete_job()
+            ctl.book.job_changed(f"{NS}/{JOB}")  # the cache saw it: the stream ends
+            await polled(lambda: a.job_deleted)
+            await asyncio.sleep(0.3)  # past the fallback's 0.1 s
+            assert ctl.fake.patches == []
+            assert ctl.fake.watches_opened == 0
+            assert not task.done()
