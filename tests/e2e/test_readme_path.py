@@ -233,7 +233,12 @@ async def test_the_readme_path_says_why_a_gang_is_stuck_without_the_worker_role(
     run = MakeRun(node_cluster, tmp_path / "make-run.log")
     try:
         wait_ready(run)
-        assert "ClusterRole gangjob-worker not found" in run.logs()
+        # Said once the caches are synced, which may come a moment after the health port
+        # answers ready: wait for the line, bounded.
+        deadline = time.monotonic() + 30
+        while "ClusterRole gangjob-worker not found" not in run.logs():
+            assert time.monotonic() < deadline, f"no warning about the role:\n{run.logs()}"
+            await asyncio.sleep(0.2)
         manifest = tmp_path / "fails-once.yaml"
         manifest.write_text(yaml.safe_dump(JOB))
         pinned_kubectl(node_cluster, "-n", ns, "apply", "-f", str(manifest))
