@@ -152,6 +152,7 @@ class Checker:
         self._terminating: dict[str, tuple[float, str, str]] = {}  # uid -> (since, job, name)
         self._flagged: set[tuple[str, str]] = set()
         self._counted_infra: set[tuple[str, int]] = set()
+        self._triggers: dict[str, dict[int, str]] = {}  # job -> epoch -> what bumped to it
 
     def _flag(self, invariant: str, job: str, detail: str, now: float, key: str = "") -> None:
         """Records a violation; one `key` is flagged once (a condition seen on every sample)."""
@@ -201,9 +202,16 @@ class Checker:
                 a, b = _path(old, dotted), _path(job, dotted)
                 if a is not None and (b is None or b < a):
                     self._flag("lost-record", name, f"status.{dotted} went {a} -> {b}", now)
+        if old is not None and old["metadata"].get("uid") != job["metadata"].get("uid"):
+            self._triggers.pop(name, None)
         self._jobs[name] = job
         last = (job.get("status") or {}).get("lastRestart") or {}
         trigger = last.get("trigger") or {}
+        if isinstance(last.get("epoch"), int):
+            self._triggers.setdefault(name, {})[last["epoch"]] = (
+                f"{trigger.get('class')} of worker {trigger.get('worker')}"
+                f" ({str(trigger.get('detail') or '')[:100]})"
+            )
         if trigger.get("class") in INFRA_CLASSES and last.get("counted"):
             self._flag(
                 "budget",
@@ -276,7 +284,13 @@ class Checker:
                     now,
                 )
             if job in f.single and bumps != 1:
-                self._flag("restart-once", job, f"{where}: one failure, {bumps} epoch bumps", now)
+                self._flag(
+                    "restart-once",
+                    job,
+                    f"{where}: one failure, {bumps} epoch bumps"
+                    + self._bumps_text(job, before.epoch, after.epoch),
+                    now,
+                )
             counted = after.counted - before.counted
             allowed = 0 if f.infra else f.crashes.get(job, 0)
             if counted > allowed:
@@ -286,6 +300,13 @@ class Checker:
                     f"{where}: restarts.counted +{counted}, at most +{allowed} allowed",
                     now,
                 )
+
+    def _bumps_text(self, job: str, since: int, to: int) -> str:
+        """What raised the epoch from `since` to `to`, as the job's `lastRestart` triggers
+        showed it: the first question about an unexpected bump."""
+        seen = self._triggers.get(job, {})
+        bumps = [f"{e}: {seen.get(e, 'trigger not seen')}" for e in range(since + 1, to + 1)]
+        return f" ({'; '.join(bumps)})" if bumps else ""
 
     # -- at the end ----------------------------------------------------------------------
     def end(

@@ -226,6 +226,17 @@ def test_one_failure_bumping_twice_is_flagged() -> None:
     assert flagged(c) == ["restart-once"]
 
 
+def test_an_extra_bump_is_named_by_its_trigger() -> None:
+    c = checker()
+    for epoch, (cls, worker) in enumerate([("NodeLost", 3), ("PodDeleted", 3)], start=2):
+        trigger = {"class": cls, "worker": worker, "detail": "seen"}
+        c.job(1.0, "a", job(epoch=epoch, lastRestart={"epoch": epoch, "trigger": trigger}))
+    c.fault_done(9.0, outcome(running(1, 1), running(3, 3), single=frozenset({"a"})))
+    [v] = c.violations
+    assert v.invariant == "restart-once"
+    assert "2: NodeLost of worker 3 (seen); 3: PodDeleted of worker 3 (seen)" in v.detail
+
+
 def test_two_events_for_one_restart_or_a_repeated_history_are_flagged() -> None:
     events = [
         {"reason": "GangRestarting", "involvedObject": {"name": "a"}, "count": 1},
