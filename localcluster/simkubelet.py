@@ -339,12 +339,30 @@ class SimKubelet:
             return
         w = self.workers.get(name)
         running = pod.get("status", {}).get("phase") == "Running"
+        if w is not None:
+            self._reconcile_ready(w, pod)
         if w is None and running:
             if self.start_delay <= 0:
                 self._start_worker(pod)
             elif pod["metadata"]["uid"] not in self._starting:
                 self._starting.add(pod["metadata"]["uid"])
                 self._spawn(self._start_later(pod))
+
+    def _reconcile_ready(self, w: Worker, pod: JsonDict) -> None:
+        """The kubelet's status manager puts back a Ready condition someone else changed (its
+        `needsReconcile`): the node lifecycle controller marks every pod of a node it thinks
+        lost not Ready, and once the node's heartbeats are back only the kubelet says the pod
+        is ready again. Its Ready is its ContainersReady (no readiness gates here)."""
+        uid = pod["metadata"]["uid"]
+        if w.uid != uid or w.lost or w.failed or self.status.unsent(uid):
+            return
+        mine = self.status.latest(uid)
+        want = _condition(mine if mine is not None else pod.get("status", {}), "ContainersReady")
+        if want is None or _condition(pod.get("status", {}), "Ready") in (want, None):
+            return
+        w.events.append(f"Ready put back to {want}")
+        stamp = _now()
+        self._set_status(w, "ready", lambda status: _ready(status, want, stamp))
 
     def _finish_deletion(self, pod: JsonDict) -> None:
         """A terminating pod labelled `SIMULATED_KUBELET_LABEL` is removed once its agent is
@@ -647,6 +665,13 @@ class SimKubelet:
 
 def _containers(status: JsonDict) -> list[JsonDict]:
     return [c for key in CONTAINER_LISTS for c in status.get(key, [])]
+
+
+def _condition(status: JsonDict, kind: str) -> str | None:
+    for c in status.get("conditions", []):
+        if c.get("type") == kind:
+            return str(c.get("status"))
+    return None
 
 
 def _ready(status: JsonDict, ready: str, stamp: str) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -248,6 +249,40 @@ async def test_a_restart_runs_on_the_nodes_timeline_whatever_its_status_writes(
         assert "running" in c["state"]
     assert sim.status.writes == 1
     assert set(w.written) == {"restarting", "restarted", "running"}
+
+
+async def test_a_ready_condition_marked_false_by_another_is_put_back(
+    sim: SimKubelet, sim_kube: Kube, namespace: str
+) -> None:
+    """As the node lifecycle controller does to every pod of a node whose heartbeats lapsed
+    (MarkPodsNotReady: Ready False, ContainersReady left True): the kubelet, still running the
+    pod, says it is ready again, as the real one's status manager does."""
+    pod = await _running(sim_kube, namespace, _pod_mode_pod("w"))
+    sim._relisted([pod])
+    conditions = [
+        {**c, "status": "False"} if c["type"] == "Ready" else c for c in pod["status"]["conditions"]
+    ]
+    marked = await sim_kube.patch_status(PODS, "w", {"status": {"conditions": conditions}},
+                                         namespace)  # fmt: skip
+    assert _conditions(marked)["Ready"] == "False"
+    sim._seen(marked)  # the kubelet's watch brings it
+    await _drained(sim)
+    now = _conditions(await sim_kube.get(PODS, "w", namespace))
+    assert now["Ready"] == "True"
+    assert now["ContainersReady"] == "True"
+    assert "Ready put back to True" in sim.workers["w"].events
+
+    # Not Ready by the kubelet's own word (a restart begun) stays so: nothing to put back.
+    w = sim.workers["w"]
+    sim._set_status(w, "restarting", functools.partial(simkubelet._restarting, simkubelet._now()))
+    await _drained(sim)
+    restarting = await sim_kube.get(PODS, "w", namespace)
+    assert _conditions(restarting)["Ready"] == "False"
+    writes = sim.status.writes
+    sim._seen(restarting)
+    await _drained(sim)
+    assert sim.status.writes == writes
+    assert [e for e in w.events if e.startswith("Ready")] == ["Ready put back to True"]
 
 
 async def test_updates_queued_while_writes_are_held_become_one_write_of_the_latest(
