@@ -186,6 +186,7 @@ async def one_fault(
         return steady and leader is not None and leader.alive()
 
     await wait(quiet, settings.recovery_bound)
+    seen = len(w.checker.violations)
     before = {g.name: w.observer.facts(g.name) for g in w.gangs.values()}
     t0 = time.monotonic()
     try:
@@ -232,6 +233,9 @@ async def one_fault(
         file=sys.stderr,
         flush=True,
     )
+    # As they are found, not only in the report: a long run's first one is worth a look at once.
+    for v in w.checker.violations[seen:]:
+        print(f"  VIOLATION {v.invariant} {v.job}: {v.detail}", file=sys.stderr, flush=True)
     for job in jobs:
         gang = next((g for g in w.gangs.values() if g.name == job), None)
         if gang is not None and (job in injected.failing or not w.steady(job)):
