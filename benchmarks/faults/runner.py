@@ -236,6 +236,11 @@ async def one_fault(
     # As they are found, not only in the report: a long run's first one is worth a look at once.
     for v in w.checker.violations[seen:]:
         print(f"  VIOLATION {v.invariant} {v.job}: {v.detail}", file=sys.stderr, flush=True)
+        # The kubelet's side of it: what each of the gang's pods went through, latest last.
+        for rank, name in sorted(w.workers(v.job).items()):
+            wk = w.sim.workers.get(name)
+            if wk is not None:
+                print(f"    {rank} {name}: {'; '.join(wk.events[-4:])}", file=sys.stderr)
     for job in jobs:
         gang = next((g for g in w.gangs.values() if g.name == job), None)
         if gang is not None and (job in injected.failing or not w.steady(job)):

@@ -55,7 +55,7 @@ def _decisions(p: Pass) -> list[Decision]:
             # A role that joined the running gang creates its pods as it goes: one missing is
             # created again, as before the first barrier.
             failure = None if p.started_late(rank) else classify.missing(ctx, rank)
-        elif not at_epoch(pod, p.epoch):
+        elif not at_epoch(pod, p.epoch) or p.superseded(rank, pod):
             continue
         else:
             if pod.name in p.delete_pods and not pod.terminating:

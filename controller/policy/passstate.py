@@ -226,6 +226,19 @@ class Pass:
         if not pod.terminating and pod.name not in self.delete_pods:
             self.delete_pods[pod.name] = PodDelete(name=pod.name, uid=pod.uid, reason=reason)
 
+    def superseded(self, rank: int, pod: PodView) -> bool:
+        """`pod` is the old pod of a worker that the current restart recreates: it is to go,
+        and nothing it shows is a failure at the epoch. In `Process` mode its agent may even
+        arrive at the epoch before its deletion reaches it, with the signal that triggered the
+        restart (an unhealthy device, a lost node) still on the pod."""
+        last = self.last_restart
+        if last is None or last.epoch != self.epoch:
+            return False
+        if rank not in last.recreated_ranks(len(self.job.spec.workers)):
+            return False
+        # The pod created for the restart is at its epoch; any older one is to go.
+        return pod.created_epoch is None or pod.created_epoch < self.epoch
+
     def requeue(self, seconds: float) -> None:
         if self.requeue_after is None or seconds < self.requeue_after:
             self.requeue_after = seconds

@@ -112,13 +112,8 @@ def _stuck(p: Pass, pod: PodView) -> tuple[FailureClass, str] | None:
 def delete_recreated(p: Pass) -> bool:
     """The old pods of the workers the current restart recreates are deleted until they are
     gone: a pass after a lost delete asks again, from the status alone."""
-    last = p.last_restart
-    if last is None or last.epoch != p.epoch:
-        return False
-    for rank in last.recreated_ranks(len(p.job.spec.workers)):
-        pod = p.gang.live.get(rank)
-        # The pod created for the restart is at its epoch; any older one is to go.
-        if pod is not None and (pod.created_epoch is None or pod.created_epoch < p.epoch):
+    for rank, pod in p.gang.live.items():
+        if p.superseded(rank, pod):
             p.delete(pod, REASON_WORKER_RECREATED)
     return False
 

@@ -5,6 +5,7 @@ replanned over its own outcome: nothing repeats."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import timedelta
 from typing import Any
@@ -84,6 +85,38 @@ def test_an_unhealthy_device_recreates_its_worker_off_that_node() -> None:
         }
     ]
     assert created[0]["metadata"]["annotations"]["gangjob.io/created-epoch"] == "1"
+
+
+@pytest.mark.parametrize("seen_deleted", [True, False])
+def test_the_old_pod_of_a_recreated_worker_arriving_at_the_epoch_is_no_new_failure(
+    seen_deleted: bool,
+) -> None:
+    # `Process` mode: the old pod's agent sees the bump and arrives at the new epoch before its
+    # deletion reaches it, its device still Unhealthy. The fault campaign saw it bump twice.
+    pods = [worker(0, 0), worker(1, 0, node="gpu-7")]
+    pods[1]["status"]["containerStatuses"][0]["allocatedResourcesStatus"] = [
+        {"name": "nvidia.com/gpu", "resources": [{"resourceID": "g", "health": "Unhealthy"}]}
+    ]
+    status = running_status().model_copy(update={"mode": RestartMode.PROCESS})
+    observed = gang(
+        replicas=2, pods=pods, status=status, nodes=[make_node(), make_node("gpu-7")],
+        restart={"mode": "Process"},
+    )  # fmt: skip
+    result = plan(observed)
+    assert result.status.epoch == 1
+    assert record(result).recreated == [1]
+    after = carry_out(observed, result, deletions=seen_deleted)
+    old = next(p for p in after.pods if p.name == "llama-1")
+    arrived = dataclasses.replace(old, arrived_epoch=1)
+    after = dataclasses.replace(
+        after, pods=[arrived if p.name == "llama-1" else p for p in after.pods]
+    )
+    again = plan(after)
+    assert again.status.epoch == 1
+    assert again.restart_started is None
+    assert again.status.restarts == result.status.restarts
+    # Its deletion is asked again while the cache has not seen it.
+    assert [d.name for d in again.delete_pods] == ([] if seen_deleted else ["llama-1"])
 
 
 def test_recreate_mode_recreates_every_worker() -> None:
