@@ -123,6 +123,7 @@ async def crash_during_restart(w: World, rng: random.Random) -> Injected:
 
 def _lose(w: World, node: str) -> set[str]:
     """The simulation's side of a node's death: every agent on it falls silent."""
+    w.checker.lost_nodes.add(node)
     jobs = set()
     for name, pod in list(w.sim.pods.items()):
         if pod["spec"].get("nodeName") == node:

@@ -153,6 +153,16 @@ class Checker:
         self._flagged: set[tuple[str, str]] = set()
         self._counted_infra: set[tuple[str, int]] = set()
         self._triggers: dict[str, dict[int, str]] = {}  # job -> epoch -> what bumped to it
+        self._pod_nodes: dict[tuple[str, int], str] = {}  # (job, rank) -> its pod's node
+        # job -> epoch -> the node of a NodeLost trigger's worker, as its pod was last seen
+        self._lost_on: dict[str, dict[int, str]] = {}
+        self.lost_nodes: set[str] = set()
+        """Nodes the campaign lost on purpose."""
+        self.collateral: list[tuple[str, int, str]] = []
+        """(job, epoch, node): bumps for a node the campaign did not lose, that the control
+        plane's own faults made NotReady (the node lifecycle controller, when heartbeats
+        could not reach a restarting apiserver for its grace period): a real node loss as
+        far as any controller can tell, and a failure of its own."""
 
     def _flag(self, invariant: str, job: str, detail: str, now: float, key: str = "") -> None:
         """Records a violation; one `key` is flagged once (a condition seen on every sample)."""
@@ -204,6 +214,7 @@ class Checker:
                     self._flag("lost-record", name, f"status.{dotted} went {a} -> {b}", now)
         if old is not None and old["metadata"].get("uid") != job["metadata"].get("uid"):
             self._triggers.pop(name, None)
+            self._lost_on.pop(name, None)
         self._jobs[name] = job
         last = (job.get("status") or {}).get("lastRestart") or {}
         trigger = last.get("trigger") or {}
@@ -212,6 +223,9 @@ class Checker:
                 f"{trigger.get('class')} of worker {trigger.get('worker')}"
                 f" ({str(trigger.get('detail') or '')[:100]})"
             )
+            node = self._pod_nodes.get((name, trigger.get("worker", -1)))
+            if trigger.get("class") == "NodeLost" and node:
+                self._lost_on.setdefault(name, {}).setdefault(last["epoch"], node)
         if trigger.get("class") in INFRA_CLASSES and last.get("counted"):
             self._flag(
                 "budget",
@@ -225,6 +239,11 @@ class Checker:
         """A pod event: how long it has been Terminating is tracked by its UID."""
         meta = pod["metadata"]
         uid = meta["uid"]
+        labels = meta.get("labels") or {}
+        node = (pod.get("spec") or {}).get("nodeName")
+        rank = str(labels.get(LABEL_RANK, ""))
+        if not gone and node and rank.isdigit():
+            self._pod_nodes[(labels.get(LABEL_NAME, ""), int(rank))] = node
         if gone:
             self._terminating.pop(uid, None)
         elif meta.get("deletionTimestamp") and uid not in self._terminating:
@@ -283,7 +302,10 @@ class Checker:
                     f"{before.total} -> {after.total}",
                     now,
                 )
-            if job in f.single and bumps != 1:
+            collateral = self._collateral(job, before.epoch, after.epoch)
+            # A collateral node loss is a failure of its own: one bump more, or none if the
+            # same restart took it in.
+            if job in f.single and not 1 <= bumps <= 1 + len(collateral):
                 self._flag(
                     "restart-once",
                     job,
@@ -291,6 +313,7 @@ class Checker:
                     + self._bumps_text(job, before.epoch, after.epoch),
                     now,
                 )
+            self.collateral += [(job, epoch, node) for epoch, node in collateral]
             counted = after.counted - before.counted
             allowed = 0 if f.infra else f.crashes.get(job, 0)
             if counted > allowed:
@@ -300,6 +323,14 @@ class Checker:
                     f"{where}: restarts.counted +{counted}, at most +{allowed} allowed",
                     now,
                 )
+
+    def _collateral(self, job: str, since: int, to: int) -> list[tuple[int, str]]:
+        """The bumps from `since` to `to` for the loss of a node the campaign did not lose."""
+        lost = self._lost_on.get(job, {})
+        return [
+            (e, lost[e]) for e in range(since + 1, to + 1)
+            if e in lost and lost[e] not in self.lost_nodes
+        ]  # fmt: skip
 
     def _bumps_text(self, job: str, since: int, to: int) -> str:
         """What raised the epoch from `since` to `to`, as the job's `lastRestart` triggers

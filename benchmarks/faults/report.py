@@ -81,6 +81,16 @@ def markdown(result: Result, command: str) -> str:
         if result.revived
         else "No control-plane process exited on its own."
     )
+    collateral = (
+        "Nodes the campaign did not lose were made NotReady by the node lifecycle controller "
+        "when the control-plane faults kept their heartbeats from the apiserver past its grace "
+        "period; each is a real node loss to any controller, restarted for on its own (and "
+        "allowed by `restart-once` as a failure of its own): "
+        + ", ".join(f"{job} epoch {epoch} ({node})" for job, epoch, node in result.collateral)
+        + "."
+        if result.collateral
+        else "No node the campaign did not lose was lost."
+    )
     detail = "\n".join(f"- {v.invariant} on {v.job}: {v.detail}" for v in result.violations)
     return f"""# Reliability: the fault campaign
 
@@ -99,6 +109,8 @@ gives the same schedule.
 {table}
 
 {revived}
+
+{collateral}
 
 Recovery time: from the fault's injection to every gang it touched running at an open barrier
 with every worker past it (Failed, for `crash-fatal`), by this process's clock; bound

@@ -69,6 +69,8 @@ class Result:
     seconds: float
     revived: list[str] = field(default_factory=list)
     """Control-plane processes that exited on their own during the run and were restarted."""
+    collateral: list[tuple[str, int, str]] = field(default_factory=list)
+    """`Checker.collateral`: restarts for nodes the control-plane faults made NotReady."""
 
     @property
     def ok(self) -> bool:
@@ -137,7 +139,10 @@ async def run(settings: Settings) -> Result:
             await w.close()
             if started and not settings.keep:
                 await asyncio.to_thread(cluster.down, sys.stderr)
-    result = Result(settings, rows, checker.violations, time.monotonic() - t_start, revived)
+    result = Result(
+        settings, rows, checker.violations, time.monotonic() - t_start, revived,
+        checker.collateral,
+    )  # fmt: skip
     for row in rows:
         row.violations = [v for v in checker.violations if _window(rows, row, v)]
     return result
@@ -186,7 +191,7 @@ async def one_fault(
         return steady and leader is not None and leader.alive()
 
     await wait(quiet, settings.recovery_bound)
-    seen = len(w.checker.violations)
+    seen, seen_collateral = len(w.checker.violations), len(w.checker.collateral)
     before = {g.name: w.observer.facts(g.name) for g in w.gangs.values()}
     t0 = time.monotonic()
     try:
@@ -233,6 +238,9 @@ async def one_fault(
         file=sys.stderr,
         flush=True,
     )
+    for job, epoch, node in w.checker.collateral[seen_collateral:]:
+        print(f"  collateral: {job} epoch {epoch}: node {node} lost, not by the campaign",
+              file=sys.stderr)  # fmt: skip
     # As they are found, not only in the report: a long run's first one is worth a look at once.
     for v in w.checker.violations[seen:]:
         print(f"  VIOLATION {v.invariant} {v.job}: {v.detail}", file=sys.stderr, flush=True)

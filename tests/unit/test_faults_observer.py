@@ -237,6 +237,36 @@ def test_an_extra_bump_is_named_by_its_trigger() -> None:
     assert "2: NodeLost of worker 3 (seen); 3: PodDeleted of worker 3 (seen)" in v.detail
 
 
+def _node_lost_bumps(c: Checker, nodes: dict[int, str]) -> None:
+    """Bumps to epochs 2, 3, ... each for the loss of the node of worker 1, 2, ..."""
+    for epoch, (worker, node) in enumerate(nodes.items(), start=2):
+        on_node = pod(worker)
+        on_node["spec"] = {"nodeName": node}
+        c.pod(1.0, on_node)
+        trigger = {"class": "NodeLost", "worker": worker, "detail": f"node {node} lost"}
+        c.job(1.0, "a", job(epoch=epoch, lastRestart={"epoch": epoch, "trigger": trigger}))
+
+
+def test_a_bump_for_a_node_the_campaign_did_not_lose_is_a_failure_of_its_own() -> None:
+    # The apiserver restarts kept node heartbeats out past the node controller's grace:
+    # n2 went NotReady too, and the gang restarted for it as well.
+    c = checker()
+    c.lost_nodes.add("n1")
+    _node_lost_bumps(c, {1: "n1", 2: "n2"})
+    c.fault_done(9.0, outcome(running(1, 1), running(3, 3), single=frozenset({"a"})))
+    assert c.violations == []
+    assert c.collateral == [("a", 3, "n2")]
+
+
+def test_two_bumps_for_the_one_node_the_campaign_lost_are_flagged() -> None:
+    c = checker()
+    c.lost_nodes.add("n1")
+    _node_lost_bumps(c, {1: "n1", 2: "n1"})
+    c.fault_done(9.0, outcome(running(1, 1), running(3, 3), single=frozenset({"a"})))
+    assert flagged(c) == ["restart-once"]
+    assert c.collateral == []
+
+
 def test_two_events_for_one_restart_or_a_repeated_history_are_flagged() -> None:
     events = [
         {"reason": "GangRestarting", "involvedObject": {"name": "a"}, "count": 1},
