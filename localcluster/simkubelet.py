@@ -343,7 +343,7 @@ class SimKubelet:
             self._reconcile_ready(w, pod)
         if w is None and running:
             if self.start_delay <= 0:
-                self._start_worker(pod)
+                self._start_worker(pod, "started by the pod watch")
             elif pod["metadata"]["uid"] not in self._starting:
                 self._starting.add(pod["metadata"]["uid"])
                 self._spawn(self._start_later(pod))
@@ -407,7 +407,7 @@ class SimKubelet:
             self._stop_worker(name)
 
     # -- agents --------------------------------------------------------------------------
-    def _start_worker(self, pod: JsonDict) -> None:
+    def _start_worker(self, pod: JsonDict, why: str = "") -> None:
         name = pod["metadata"]["name"]
         uid = pod["metadata"]["uid"]
         job = pod["metadata"]["labels"][LABEL_NAME]
@@ -415,6 +415,8 @@ class SimKubelet:
         wdir.mkdir(parents=True, exist_ok=True)
         w = self.workers.get(name) or Worker(name, pod_mode(pod), wdir, uid)
         self.workers[name] = w
+        if why:
+            w.events.append(why)
         config = Config(
             job_name=job,
             pod_name=name,
@@ -501,7 +503,7 @@ class SimKubelet:
             ):
                 return
             if pod["metadata"]["name"] not in self.workers:
-                self._start_worker(now)
+                self._start_worker(now, "started by the pod watch")
         finally:
             self._starting.discard(uid)
 

@@ -22,12 +22,14 @@ from api.constants import (
     ConditionType,
 )
 from api.v1alpha1 import ConditionStatus, Phase, RestartMode, RoleState
-from controller.policy import podspec, stuck
+from controller.policy import classify, podspec, stuck
 from controller.policy.conditions import get_condition, is_true
 from controller.policy.gang import POD_RUNNING, POD_TERMINAL
 from controller.policy.passstate import EventSpec, Pass, RoleProgress, job_for_pods
 
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
+LOST_NODES_KEPT_OFF: Final = 64
+"""A new worker's affinity names at most this many lost nodes (as `avoidNodes` keeps 64)."""
 _WAITING: Final = RoleProgress(RoleState.WAITING)
 
 
@@ -115,6 +117,7 @@ def create(p: Pass) -> bool:
     # 0, no finalizers of ours) frees the name at once, and reconcile deletes before it creates.
     forced = {d.name for d in p.delete_pods.values() if d.grace_seconds == 0}
     taken = p.gang.names - forced
+    keep_off: list[str] | None = None
     for rank in p.active():
         if podspec.worker_pod_name(job, rank) in taken:
             continue
@@ -122,7 +125,9 @@ def create(p: Pass) -> bool:
             pod = podspec.build_pod(job, rank, p.config.agent_image, p.config.arrival_url)
         except ValueError as e:
             return _invalid_template(p, e)
-        p.create_pods[rank] = finish_pod(pod, p.effective_mode, p.avoid_nodes)
+        if keep_off is None:
+            keep_off = p.avoid_nodes + [n for n in lost_nodes(p) if n not in p.avoid_nodes]
+        p.create_pods[rank] = finish_pod(pod, p.effective_mode, keep_off)
     if p.create_pods:
         count = len(p.create_pods)
         p.events.append(
@@ -148,11 +153,25 @@ def _invalid_template(p: Pass, error: ValueError) -> bool:
     return True
 
 
+def lost_nodes(p: Pass) -> list[str]:
+    """The nodes lost right now (`classify.node_lost`), at most `LOST_NODES_KEPT_OFF`: a new
+    worker is kept off them. The scheduler keeps off a NotReady node only once the node
+    lifecycle controller has tainted it, and that controller, slowed by an overloaded
+    apiserver, may lag behind the condition: a worker recreated for a lost node landed on
+    another lost one, which restarted the gang again, eight times in a row in the fault
+    campaign. Unlike `avoidNodes`, a node that comes back is used again."""
+    lost = sorted(
+        name for name, node in p.observed.nodes.items() if classify.node_lost(name, node)
+    )
+    return lost[:LOST_NODES_KEPT_OFF]
+
+
 def finish_pod(
     pod: dict[str, Any], mode: RestartMode, avoid_nodes: Sequence[str]
 ) -> dict[str, Any]:
     """What plan adds to podspec's worker pod: the mode it is built for (the mode fallback
-    reads it back), and a required node affinity that keeps it off `avoid_nodes`."""
+    reads it back), and a required node affinity that keeps it off `avoid_nodes` (the
+    job's `avoidNodes` and the nodes lost right now)."""
     metadata = pod.setdefault("metadata", {})
     metadata.setdefault("annotations", {})[ANNOTATION_RESTART_MODE] = mode.value
     if avoid_nodes:

@@ -21,6 +21,7 @@ from api.v1alpha1 import (
 )
 from controller.policy.plan import Observed, PlanConfig, PodDelete, plan
 from controller.policy.recreate import ranks_text
+from controller.policy.views import NodeView
 from tests.unit.builders import T0, make_node
 from tests.unit.gangs import (
     GANG_NOW,
@@ -85,6 +86,35 @@ def test_an_unhealthy_device_recreates_its_worker_off_that_node() -> None:
         }
     ]
     assert created[0]["metadata"]["annotations"]["gangjob.io/created-epoch"] == "1"
+
+
+def _kept_off(pod: dict[str, Any]) -> list[str]:
+    terms = pod["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    [values] = [e["values"] for e in terms[0]["matchExpressions"] if e["operator"] == "NotIn"]
+    return list(values)
+
+
+def test_a_recreated_worker_is_kept_off_every_node_lost_right_now() -> None:
+    # An overloaded apiserver delays the node controller's NoSchedule taints: the scheduler
+    # put the fault campaign's recreated workers on other lost nodes, eight bumps in a row.
+    lost = make_node("node-1", ready="Unknown", taints=("node.kubernetes.io/unreachable",))
+    also_lost = make_node("node-2", ready="Unknown")
+    observed = gang(pods=[worker(0, 0), worker(1, 0, node="node-1"), worker(2, 0)],
+                    nodes=[make_node(), lost, also_lost])  # fmt: skip
+    result = plan(observed)
+    assert record(result).recreated == [1]
+    after = carry_out(observed, result)
+    after = dataclasses.replace(after, pods=[p for p in after.pods if p.name != "llama-1"])
+    [created] = plan(after).create_pods
+    assert _kept_off(created) == ["node-1", "node-2"]
+    assert not result.status.avoid_nodes  # not for good: a node that comes back is used
+    back = dataclasses.replace(
+        after, nodes={**after.nodes, "node-2": NodeView.from_node(make_node("node-2"))}
+    )
+    [created] = plan(back).create_pods
+    assert _kept_off(created) == ["node-1"]
 
 
 @pytest.mark.parametrize("seen_deleted", [True, False])
