@@ -1,5 +1,5 @@
 """The short fault campaign (`python -m benchmarks.faults --short`): one seeded fault of each
-kind not open below, on two gangs (`Pod` 3, `Process` 4) under two controller replicas, on a
+kind, on two gangs (`Pod` 3, `Process` 4) under two controller replicas, on a
 sim cluster of its own (it restarts the apiserver, stops etcd and overloads the control plane,
 which the other tests' cluster must not suffer): every fault recovered and the independent
 observer saw no invariant broken."""
@@ -15,24 +15,16 @@ from tests.conftest import CLUSTER_PREFIX
 pytestmark = pytest.mark.integration
 
 SEED = 18
-OPEN = {"node-lost-during-restart", "device-unhealthy"}
-"""Kinds the full campaign (docs/reliability.md, seed 1) found violations for, still open: one
-node-lost-during-restart and one device-unhealthy bumped the epoch more than once (neither
-seen again in 10 faults of the two kinds, seed 1). `make faults` runs them; CI's short run
-leaves them out until they are fixed, so that its failures are new ones."""
-KINDS_RUN = [k for k in KINDS if k not in OPEN]
 
 
 async def test_short_campaign_recovers_every_fault_without_a_violation() -> None:
     # The run starts this cluster and takes it down at its end.
     cluster = f"{CLUSTER_PREFIX}-faults"
-    faults = len(KINDS_RUN)
-    settings = Settings(
-        seed=SEED, faults=faults, cluster=cluster, shapes=SHORT_SHAPES, kinds=KINDS_RUN
-    )
+    faults = len(KINDS)
+    settings = Settings(seed=SEED, faults=faults, cluster=cluster, shapes=SHORT_SHAPES)
     result = await run(settings)
     print(f"seed {SEED}: " + ", ".join(f"{r.kind} {r.seconds:.1f}s" for r in result.rows))
     assert len(result.rows) == faults
-    assert {r.kind for r in result.rows} == set(KINDS_RUN)  # each kind once
+    assert {r.kind for r in result.rows} == set(KINDS)  # each kind once
     assert [r for r in result.rows if not r.recovered] == []
     assert result.violations == []
