@@ -122,8 +122,15 @@ def _node_ready(node: JsonDict) -> bool:
 
 async def lose_node(kube: Kube, node: str) -> None:
     """What a dead node looks like (tests/integration/test_restart.py injects it so too): KWOK no
-    longer plays its kubelet, Ready Unknown, the unreachable taints."""
-    await kube.patch(NODES, node, {"metadata": {"annotations": {"kwok.x-k8s.io/node": "lost"}}})
+    longer plays its kubelet, Ready Unknown, the unreachable taints.
+
+    KWOK keeps the nodes it took on before the annotation changed: it renews their Leases, and
+    once (after an apiserver restart) it wrote the node's Ready status back; the node lifecycle
+    controller then lifted the taints and the scheduler put new workers on the dead node. Its
+    status is therefore also marked ours (`kwok.x-k8s.io/status: custom`, which KWOK leaves
+    alone), as a dead node's status is nobody's to write."""
+    annotations = {"kwok.x-k8s.io/node": "lost", "kwok.x-k8s.io/status": "custom"}
+    await kube.patch(NODES, node, {"metadata": {"annotations": annotations}})
     got = await kube.get(NODES, node)
     conds = got["status"]["conditions"]
     for c in conds:
