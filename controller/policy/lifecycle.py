@@ -160,9 +160,7 @@ def lost_nodes(p: Pass) -> list[str]:
     apiserver, may lag behind the condition: a worker recreated for a lost node landed on
     another lost one, which restarted the gang again, eight times in a row in the fault
     campaign. Unlike `avoidNodes`, a node that comes back is used again."""
-    lost = sorted(
-        name for name, node in p.observed.nodes.items() if classify.node_lost(name, node)
-    )
+    lost = sorted(name for name, node in p.observed.nodes.items() if classify.node_lost(name, node))
     return lost[:LOST_NODES_KEPT_OFF]
 
 
