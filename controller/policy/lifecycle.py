@@ -22,7 +22,7 @@ from api.constants import (
     ConditionType,
 )
 from api.v1alpha1 import ConditionStatus, Phase, RestartMode, RoleState
-from controller.policy import classify, podspec, stuck
+from controller.policy import classify, kueue, podspec, stuck
 from controller.policy.conditions import get_condition, is_true
 from controller.policy.gang import POD_RUNNING, POD_TERMINAL
 from controller.policy.passstate import EventSpec, Pass, RoleProgress, job_for_pods
@@ -126,7 +126,10 @@ def create(p: Pass) -> bool:
         except ValueError as e:
             return _invalid_template(p, e)
         if keep_off is None:
-            keep_off = p.avoid_nodes + [n for n in lost_nodes(p) if n not in p.avoid_nodes]
+            # Not for a Kueue pod group: Kueue's role hash covers the affinity, and a worker of
+            # another shape than its group's is no member of the admitted Workload (gated).
+            lost = lost_nodes(p) if kueue.queue_name(p.job) is None else []
+            keep_off = p.avoid_nodes + [n for n in lost if n not in p.avoid_nodes]
         p.create_pods[rank] = finish_pod(pod, p.effective_mode, keep_off)
     if p.create_pods:
         count = len(p.create_pods)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from api.constants import ConditionType
+from api.constants import KUEUE_QUEUE_NAME_LABEL, ConditionType
 from api.v1alpha1 import (
     FailureAction,
     RestartCounts,
@@ -115,6 +115,20 @@ def test_a_recreated_worker_is_kept_off_every_node_lost_right_now() -> None:
     )
     [created] = plan(back).create_pods
     assert _kept_off(created) == ["node-1"]
+
+
+def test_a_kueue_workers_replacement_keeps_its_groups_shape() -> None:
+    # Kueue's role hash covers the affinity: a replacement of another shape than its group's
+    # would stay gated, no member of the admitted Workload.
+    lost = make_node("node-1", ready="Unknown", taints=("node.kubernetes.io/unreachable",))
+    observed = gang(pods=[worker(0, 0), worker(1, 0, node="node-1"), worker(2, 0)],
+                    nodes=[make_node(), lost])  # fmt: skip
+    observed.job.metadata.labels[KUEUE_QUEUE_NAME_LABEL] = "team-a"
+    after = carry_out(observed, plan(observed))
+    after = dataclasses.replace(after, pods=[p for p in after.pods if p.name != "llama-1"])
+    [created] = plan(after).create_pods
+    assert created["metadata"]["labels"][KUEUE_QUEUE_NAME_LABEL] == "team-a"
+    assert "affinity" not in created["spec"]
 
 
 @pytest.mark.parametrize("seen_deleted", [True, False])
