@@ -397,9 +397,9 @@ class Cluster(ClusterHandle):
             f"--kubeconfig={self.dir / 'kwok.kubeconfig'}",
             f"--config={stages}",
             "--manage-all-nodes=false",
-            "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+            f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
             "--manage-nodes-with-label-selector=",
-            "--disregard-status-with-annotation-selector=kwok.x-k8s.io/status=custom",
+            f"--disregard-status-with-annotation-selector={KWOK_STATUS_ANNOTATION}=custom",
             "--disregard-status-with-label-selector=",
             "--node-lease-duration-seconds=40",
             "--cidr=10.240.0.0/16",
@@ -416,6 +416,11 @@ class Cluster(ClusterHandle):
                 self.api("POST", "/api/v1/nodes", kwok_node(name, opts))
 
 
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+"""`fake` on the nodes KWOK plays the kubelet of (`kwok_node`); anything else takes a new node
+out of its hands."""
+KWOK_STATUS_ANNOTATION = "kwok.x-k8s.io/status"
+"""`custom` on a node whose status KWOK leaves alone, even one it took on before (a lost node)."""
 SIMULATED_KUBELET_LABEL = "localcluster.gangjob.io/simulated-kubelet"
 """A pod with this label has its deletion finished by `localcluster.simkubelet`, not by KWOK.
 KWOK deletes a terminating pod by name alone: under load its delete comes late and removes a
@@ -484,7 +489,7 @@ def kwok_node(name: str, opts: Options) -> dict[str, Any]:
         "kind": "Node",
         "metadata": {
             "name": name,
-            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "annotations": {KWOK_NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
             "labels": {
                 "kubernetes.io/hostname": name,
                 "kubernetes.io/os": "linux",

@@ -18,7 +18,14 @@ from benchmarks.common import Progress, rss_mib
 from benchmarks.scale.observer import JobTracker, agents_at, milestones, pods_where, polled, running
 from benchmarks.scale.settings import BENCH_LABEL, BULK_TAINT, PODS_PER_NODE, Settings
 from controller.k8s import GANGJOBS, NODES, JsonDict, Kube, NotFound
-from localcluster.cluster import SIMULATED_KUBELET_LABEL, Cluster, Options, kwok_node
+from localcluster.cluster import (
+    KWOK_NODE_ANNOTATION,
+    KWOK_STATUS_ANNOTATION,
+    SIMULATED_KUBELET_LABEL,
+    Cluster,
+    Options,
+    kwok_node,
+)
 from localcluster.jobset import JobSetController
 from localcluster.simkubelet import SimKubelet
 from localcluster.tools import ControllerProcess
@@ -129,7 +136,7 @@ async def lose_node(kube: Kube, node: str) -> None:
     controller then lifted the taints and the scheduler put new workers on the dead node. Its
     status is therefore also marked ours (`kwok.x-k8s.io/status: custom`, which KWOK leaves
     alone), as a dead node's status is nobody's to write."""
-    annotations = {"kwok.x-k8s.io/node": "lost", "kwok.x-k8s.io/status": "custom"}
+    annotations = {KWOK_NODE_ANNOTATION: "lost", KWOK_STATUS_ANNOTATION: "custom"}
     await kube.patch(NODES, node, {"metadata": {"annotations": annotations}})
     got = await kube.get(NODES, node)
     conds = got["status"]["conditions"]
