@@ -45,19 +45,13 @@ from api.constants import (
     RESTART_EXIT_CODE,
     STATE_FILE,
     UNKNOWN_EXIT_CODE,
+    AgentPlacement,
 )
 
 R = TypeVar("R")
 
 STOPPED_EXIT_CODE = 143
 """`Process` mode, asked to stop with no trainer running: as if killed by SIGTERM."""
-
-
-class Mode(StrEnum):
-    """`spec.restart.mode` values the agent implements (`Recreate` needs no agent)."""
-
-    POD = "Pod"
-    PROCESS = "Process"
 
 
 class Step(StrEnum):
@@ -102,7 +96,7 @@ class Agent:
         config: Config,
         api: Api,
         *,
-        mode: Mode = Mode.POD,
+        mode: AgentPlacement = AgentPlacement.SIDECAR,
         command: Sequence[str] = (),
         arrival: Arrival | None = None,
         arrival_client: Streamer | None = None,
@@ -113,7 +107,7 @@ class Agent:
     ) -> None:
         """`trainer_factory` makes each `Process`-mode trainer run (default: a `Trainer`
         process of `command`)."""
-        if mode is Mode.PROCESS and not command:
+        if mode is AgentPlacement.WRAPPER and not command:
             raise ValueError("Process mode needs the trainer's command")
         self.config = config
         self.mode = mode
@@ -209,7 +203,7 @@ class Agent:
         if not self._direct:
             self._ensure_watching()
         try:
-            if self.mode is Mode.POD and self.config.probe_port is not None:
+            if self.mode is AgentPlacement.SIDECAR and self.config.probe_port is not None:
                 self._probe = ProbeServer(
                     self.config.probe_host,
                     self.config.probe_port,
@@ -217,7 +211,7 @@ class Agent:
                 )
                 await self._probe.start()
             self._probe_ready.set()
-            if self.mode is Mode.POD:
+            if self.mode is AgentPlacement.SIDECAR:
                 code = await self._run_pod()
             else:
                 code = await self._run_process()
@@ -242,7 +236,7 @@ class Agent:
 
     async def _stopped(self) -> int:
         self.log.info("asked to stop")
-        if self.mode is Mode.POD:
+        if self.mode is AgentPlacement.SIDECAR:
             return 0
         if self._trainer is None:
             return STOPPED_EXIT_CODE
@@ -449,7 +443,7 @@ class Agent:
         if barrier(state, target) is Barrier.OPEN:
             self._write_epoch_file(target)
             # Process mode is RUNNING once its trainer is.
-            step = Step.RUNNING if self.mode is Mode.POD else Step.AT_BARRIER
+            step = Step.RUNNING if self.mode is AgentPlacement.SIDECAR else Step.AT_BARRIER
             self._set(step=step, barrier_open=True)
             self.log.info("barrier open at %d after %.2fs", target, time.monotonic() - started)
         return state

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from agent.agent import Agent, Mode
+from agent.agent import Agent
 from agent.apiclient import HttpClient
 from agent.config import Config, ConfigError
 from agent.protocol import rendezvous_id
@@ -43,6 +43,7 @@ from api.constants import (
     ENV_POD_UID,
     EPOCH_FILE,
     RESTART_EXIT_CODE,
+    AgentPlacement,
 )
 
 USAGE_EXIT_CODE = 2
@@ -73,8 +74,12 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="mode", required=True, metavar="{sidecar,wrap,launch}")
-    sub.add_parser("sidecar", help="Pod mode: native sidecar serving the barrier probe")
-    wrap = sub.add_parser("wrap", help="Process mode: run and restart the trainer command")
+    sub.add_parser(
+        AgentPlacement.SIDECAR, help="Pod mode: native sidecar serving the barrier probe"
+    )
+    wrap = sub.add_parser(
+        AgentPlacement.WRAPPER, help="Process mode: run and restart the trainer command"
+    )
     wrap.add_argument("command", nargs=argparse.REMAINDER, help="-- the trainer's argv")
     launch = sub.add_parser(
         "launch", help="exec the trainer command with the epoch's rendezvous id (torchrun)"
@@ -125,10 +130,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, ValueError, OSError) as e:
         print(f"agent: error: {e}", file=sys.stderr)
         return USAGE_EXIT_CODE
-    mode = Mode.POD if args.mode == "sidecar" else Mode.PROCESS
+    mode = AgentPlacement(args.mode)
     # `wrap` takes in what its trainer runs leave behind: it is the container's PID 1, or
     # becomes the subreaper of its descendants, and has no children but the trainer's.
-    adopts = mode is Mode.PROCESS and (os.getpid() == 1 or become_subreaper())
+    adopts = mode is AgentPlacement.WRAPPER and (os.getpid() == 1 or become_subreaper())
     agent = Agent(config, api, mode=mode, command=command, adopts_orphans=adopts)
     return asyncio.run(_run(agent))
 

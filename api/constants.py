@@ -7,6 +7,7 @@ agent's zipapp (agent/build.py) bundles it, so no name is spelled twice.
 """
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
 
@@ -47,8 +48,87 @@ ANNOTATION_RESTART: Final = "gangjob.io/restart"
 """`<E>`: restart the gang, which runs at epoch E, once (`gangjob restart` writes it). Naming
 the epoch makes the request idempotent: once the gang is past E it is satisfied, with nothing
 to clear."""
-MANUAL_RESTART_CLASS: Final = "ManualRestart"
-"""`trigger.class` of a restart asked for by `ANNOTATION_RESTART`."""
+
+
+class FailureAction(StrEnum):
+    """What the gang does about a classified failure."""
+
+    RESTART_GANG = "RestartGang"
+    RECREATE_WORKER = "RecreateWorker"
+    FAIL_JOB = "FailJob"
+    IGNORE = "Ignore"
+
+
+class RestartMode(StrEnum):
+    """How workers restart: in place (`Pod`, `Process`) or by recreating the gang (`Recreate`).
+    What each implies is its row of `RESTART_MODES`."""
+
+    POD = "Pod"
+    PROCESS = "Process"
+    RECREATE = "Recreate"
+
+
+class AgentPlacement(StrEnum):
+    """Where the agent runs in a worker pod; the value is the agent's subcommand there."""
+
+    SIDECAR = "sidecar"
+    """A native sidecar (init container, `restartPolicy: Always`) beside the trainer, whose
+    startup probe is the barrier."""
+    WRAPPER = "wrap"
+    """Inside the trainer's container, as its command, running the trainer as its child."""
+
+
+FEATURE_RESTART_ALL_CONTAINERS: Final = "RestartAllContainersOnContainerExits"
+"""What a node declares (`status.declaredFeatures`) when its kubelet does KEP-5532."""
+
+
+@dataclass(frozen=True)
+class ModeMeaning:
+    """What one restart mode implies (docs/design.md section 3.7)."""
+
+    in_place: bool
+    """A gang restart keeps the workers' pods; otherwise it deletes and recreates them all."""
+    agent: AgentPlacement
+    restart_rules: bool
+    """The agent's and the trainer's containers carry `RestartAllContainers` rules (KEP-5307,
+    KEP-5532): the kubelet restarts the whole pod in place."""
+    pods_restart_in_place: bool
+    """The kubelet restarts pods in place, writing the restart's statuses asynchronously: an
+    arrival can overtake them, so a worker at the epoch may show stale restart signals."""
+    node_feature: str | None
+    """What a node must declare for a worker of this mode to be scheduled there."""
+    fallbacks: tuple[RestartMode, ...]
+    """The modes tried in order when the cluster cannot honour this one; the first whose pods
+    can be built is used."""
+
+
+RESTART_MODES: Final[Mapping[RestartMode, ModeMeaning]] = {
+    RestartMode.POD: ModeMeaning(
+        in_place=True,
+        agent=AgentPlacement.SIDECAR,
+        restart_rules=True,
+        pods_restart_in_place=True,
+        node_feature=FEATURE_RESTART_ALL_CONTAINERS,
+        fallbacks=(RestartMode.PROCESS, RestartMode.RECREATE),
+    ),
+    RestartMode.PROCESS: ModeMeaning(
+        in_place=True,
+        agent=AgentPlacement.WRAPPER,
+        restart_rules=False,
+        pods_restart_in_place=False,
+        node_feature=None,
+        fallbacks=(),
+    ),
+    RestartMode.RECREATE: ModeMeaning(
+        in_place=False,
+        agent=AgentPlacement.SIDECAR,
+        restart_rules=False,
+        pods_restart_in_place=False,
+        node_feature=None,
+        fallbacks=(),
+    ),
+}
+
 
 HISTORY_LIMIT: Final = 10
 """`status.history` keeps the last this many restarts (the CRD rejects more)."""

@@ -47,6 +47,8 @@ from api.constants import (
     NPROC_AUTO,
     POD_CONDITION_TYPES,
 )
+from api.constants import FailureAction as FailureAction  # the models' enums, re-exported
+from api.constants import RestartMode as RestartMode
 
 # --- wire types -----------------------------------------------------------------------------
 
@@ -94,23 +96,6 @@ class _Model(BaseModel):
 
 
 # --- enums ----------------------------------------------------------------------------------
-
-
-class RestartMode(StrEnum):
-    """How workers restart: in place (`Pod`, `Process`) or by recreating the gang (`Recreate`)."""
-
-    POD = "Pod"
-    PROCESS = "Process"
-    RECREATE = "Recreate"
-
-
-class FailureAction(StrEnum):
-    """What the gang does about a classified failure."""
-
-    RESTART_GANG = "RestartGang"
-    RECREATE_WORKER = "RecreateWorker"
-    FAIL_JOB = "FailJob"
-    IGNORE = "Ignore"
 
 
 class ExitCodeOperator(StrEnum):

@@ -61,11 +61,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.agent import Agent, AgentState, Mode
+from agent.agent import Agent, AgentState
 from agent.apiclient import ApiError, ClientError, HttpClient
 from agent.config import Config
 from agent.trainer import TrainerRun
-from api.constants import ARRIVAL_AUDIENCE, ENV_EPOCH, LABEL_NAME, LABEL_RANK, RESTART_EXIT_CODE
+from api.constants import (
+    ARRIVAL_AUDIENCE,
+    ENV_EPOCH,
+    LABEL_NAME,
+    LABEL_RANK,
+    RESTART_EXIT_CODE,
+    AgentPlacement,
+)
 from localcluster.cluster import SIMULATED_KUBELET_LABEL
 from localcluster.simstatus import CONTAINER_LISTS, StatusManager, json_copy
 
@@ -97,13 +104,13 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def pod_mode(pod: JsonDict) -> Mode:
+def pod_mode(pod: JsonDict) -> AgentPlacement:
     """Which agent the controller built this pod for: a sidecar agent (Pod or Recreate mode)
     or the agent wrapping the trainer (Process mode)."""
     for c in pod.get("spec", {}).get("initContainers", []):
         if c.get("name") == AGENT_CONTAINER and c.get("restartPolicy") == "Always":
-            return Mode.POD
-    return Mode.PROCESS
+            return AgentPlacement.SIDECAR
+    return AgentPlacement.WRAPPER
 
 
 def trainer_rule_codes(pod: JsonDict, trainer: str) -> Callable[[int], bool]:
@@ -177,7 +184,7 @@ class Worker:
     """One pod the simulated kubelet runs."""
 
     name: str
-    mode: Mode
+    mode: AgentPlacement
     dir: Path
     uid: str
     """The pod's UID: the kubelet's writes are for this pod, never a later one of its name."""
@@ -428,7 +435,7 @@ class SimKubelet:
             arrival_url=self.arrival_url,
             arrival_token_file=wdir / f"arrival-token-{uid}",
         )
-        process = w.mode is Mode.PROCESS
+        process = w.mode is AgentPlacement.WRAPPER
         w.agent = Agent(
             config,
             self.api,
@@ -520,7 +527,7 @@ class SimKubelet:
             log.error("agent of %s failed: %r", w.name, task.exception())
             return
         code = task.result()
-        if w.mode is Mode.PROCESS:
+        if w.mode is AgentPlacement.WRAPPER:
             # The agent is the trainer container's process: its end is the container's, and
             # with `restartPolicy: Never` the pod's.
             self._exited(w, code)
@@ -606,7 +613,7 @@ class SimKubelet:
         new agent started), any other leaves the pod Failed. `Process` mode: the agent's
         stand-in trainer run ends with `code` (the next run, at once, if none is going)."""
         w = self.workers[name]
-        if w.mode is Mode.PROCESS:
+        if w.mode is AgentPlacement.WRAPPER:
             if w.trainer is not None and w.trainer.running:
                 w.trainer.exit(code)
             else:

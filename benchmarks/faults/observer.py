@@ -34,8 +34,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.agent import Mode, Step
-from api.constants import LABEL_NAME, LABEL_RANK
+from agent.agent import Step
+from api.constants import LABEL_NAME, LABEL_RANK, AgentPlacement
+from api.failures import UNCOUNTED
 from benchmarks.scale.observer import follow
 from controller.k8s import CORE_EVENTS, GANGJOBS, PODS, JsonDict, Kube
 from localcluster.simkubelet import SimKubelet, SimTrainer, Worker
@@ -49,8 +50,6 @@ INVARIANTS = (
     "terminating",
     "restart-once",
 )
-INFRA_CLASSES = frozenset({"NodeLost", "DeviceUnhealthy", "Disruption", "Preempted", "Evicted"})
-"""Trigger classes of infrastructure failures (docs/api.md: they do not count by default)."""
 FAIL_REASON_EXIT_CODE = "NonRetriableExitCode"
 """The Failed condition's reason when a `FailJob` rule matched an exit code (docs/api.md)."""
 RESTARTING_EVENT = "GangRestarting"
@@ -226,7 +225,9 @@ class Checker:
             node = self._pod_nodes.get((name, trigger.get("worker", -1)))
             if trigger.get("class") == "NodeLost" and node:
                 self._lost_on.setdefault(name, {}).setdefault(last["epoch"], node)
-        if trigger.get("class") in INFRA_CLASSES and last.get("counted"):
+        # The campaign's gangs have no rule that changes counting: a restart of a class that
+        # counts nothing by default must not have counted.
+        if trigger.get("class") in UNCOUNTED and last.get("counted"):
             self._flag(
                 "budget",
                 name,
@@ -483,7 +484,7 @@ class Observer:
         out: list[LiveTrainer] = []
         for key, seen in list(self._seen.items()):
             w = seen.worker
-            if w.mode is Mode.PROCESS:
+            if w.mode is AgentPlacement.WRAPPER:
                 runs: list[SimTrainer] = [r for r in w.trainer_runs if r.running]
                 out += [LiveTrainer(seen.job, seen.rank, w.uid, r.epoch) for r in runs]
                 alive = bool(runs) or any(a.state.step is not Step.DONE for a in seen.agents)

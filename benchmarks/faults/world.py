@@ -15,10 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.agent import Mode, Step
+from agent.agent import Step
 from agent.apiclient import HttpClient, ssl_context
 from api import builders
-from api.constants import LABEL_NAME, LABEL_RANK
+from api.constants import LABEL_NAME, LABEL_RANK, AgentPlacement
 from benchmarks.faults.observer import Checker, Observer
 from benchmarks.faults.proxy import ArrivalProxy
 from controller.k8s import GANGJOBS, LEASES, NAMESPACES, NODES, PODS, JsonDict, Kube, NotFound
@@ -128,7 +128,7 @@ class World:
             st = w.agent.state
             if st.epoch != epoch or st.step is not Step.RUNNING or not st.barrier_open:
                 continue
-            if w.mode is Mode.PROCESS and (w.trainer is None or not w.trainer.running):
+            if w.mode is AgentPlacement.WRAPPER and (w.trainer is None or not w.trainer.running):
                 continue
             count += 1
         return count

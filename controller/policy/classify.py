@@ -8,12 +8,13 @@ reads the signals of a worker `plan` hands it as being at the gang's epoch.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from enum import StrEnum
 from typing import Final
 
+from api.constants import RESTART_MODES, AgentPlacement
+from api.failures import FAILURE_CLASSES, PRIORITY, FailureClass
 from api.v1alpha1 import (
     ConditionStatus,
     DeviceHealth,
@@ -54,35 +55,6 @@ _EXIT_CODES: Final = range(1, 256)
 """What a Linux process exits with when it fails (128+n for signal n)."""
 
 
-class FailureClass(StrEnum):
-    """What kind of failure a worker had (`status.lastRestart.trigger.class`)."""
-
-    PROCESS_EXIT = "ProcessExit"
-    OOM_KILLED = "OOMKilled"
-    POD_FAILED = "PodFailed"
-    POD_DELETED = "PodDeleted"
-    NODE_LOST = "NodeLost"
-    DEVICE_UNHEALTHY = "DeviceUnhealthy"
-    DISRUPTION = "Disruption"
-    EVICTED = "Evicted"
-    PREEMPTED = "Preempted"
-    BARRIER_TIMEOUT = "BarrierTimeout"
-
-
-INFRA_CLASSES: Final = frozenset(
-    {
-        FailureClass.NODE_LOST,
-        FailureClass.DEVICE_UNHEALTHY,
-        FailureClass.DISRUPTION,
-        FailureClass.EVICTED,
-        FailureClass.PREEMPTED,
-        FailureClass.POD_DELETED,
-        FailureClass.BARRIER_TIMEOUT,
-    }
-)
-"""Failures of the infrastructure, not of the user's code: by default they recreate the worker
-and do not count against `spec.restart.maxRestarts`."""
-
 DISRUPTION_CLASSES: Final[Mapping[str, FailureClass]] = {
     "DeletionByTaintManager": FailureClass.DISRUPTION,
     "DeletionByPodGC": FailureClass.DISRUPTION,
@@ -92,21 +64,6 @@ DISRUPTION_CLASSES: Final[Mapping[str, FailureClass]] = {
     "DeletionByDeviceTaintManager": FailureClass.DEVICE_UNHEALTHY,
 }
 """`DisruptionTarget` condition reason -> class; an unknown reason is a `Disruption`."""
-
-# When one worker shows several signals, the first class here explains it: a process that died
-# because its node or device did is an infrastructure failure, not a crash of the user's code.
-_PRIORITY: Final = (
-    FailureClass.NODE_LOST,
-    FailureClass.DEVICE_UNHEALTHY,
-    FailureClass.DISRUPTION,
-    FailureClass.EVICTED,
-    FailureClass.PREEMPTED,
-    FailureClass.OOM_KILLED,
-    FailureClass.PROCESS_EXIT,
-    FailureClass.POD_FAILED,
-    FailureClass.POD_DELETED,
-    FailureClass.BARRIER_TIMEOUT,
-)
 
 
 @dataclass(frozen=True)
@@ -283,7 +240,7 @@ def _node_signals(s: _Signals, ctx: Context, pod: PodView, node: NodeView | None
             )
 
 
-def _device_signals(s: _Signals, ctx: Context, pod: PodView) -> None:
+def _device_signals(s: _Signals, ctx: Context, pod: PodView, node: NodeView | None) -> None:
     for container in (*pod.init_containers, *pod.containers):
         for resource in container.unhealthy_resources:
             s.add(
@@ -298,7 +255,7 @@ def _device_signals(s: _Signals, ctx: Context, pod: PodView) -> None:
                 )
 
 
-def _disruption_signal(s: _Signals, pod: PodView) -> None:
+def _disruption_signal(s: _Signals, ctx: Context, pod: PodView, node: NodeView | None) -> None:
     status, reason = pod.conditions.get(DISRUPTION_TARGET, ("", None))
     if status == ConditionStatus.TRUE:
         cls = DISRUPTION_CLASSES.get(reason or "", FailureClass.DISRUPTION)
@@ -326,7 +283,10 @@ def _of_this_epoch(ctx: Context, pod: PodView, at: datetime | None, *, same_seco
     signal judged old is never the only trace of a failure. Without a time (not what a
     kubelet writes), a worker the arrival book proved restarted (`pod.restarted`) is judged
     old, another as before: a failure."""
-    if ctx.mode is not RestartMode.POD or pod.phase in (POD_FAILED, POD_SUCCEEDED):
+    if not RESTART_MODES[ctx.mode].pods_restart_in_place or pod.phase in (
+        POD_FAILED,
+        POD_SUCCEEDED,
+    ):
         return True  # no restart in place: nothing stale to explain
     opened = ctx.barrier_opened_at
     if not ctx.barrier_open or opened is None:
@@ -397,6 +357,29 @@ def _durable_exit(s: _Signals, ctx: Context, container: ContainerView) -> None:
         return
 
 
+def _pod_end_signals(s: _Signals, ctx: Context, pod: PodView, node: NodeView | None) -> None:
+    if not pod.terminating:
+        # A pod being deleted has its containers killed: their exits are the deletion's.
+        _exit_signals(s, ctx, pod)
+        if pod.phase == POD_FAILED:
+            s.add(FailureClass.POD_FAILED, _pod_failed_detail(pod))
+    elif ctx.barrier_open:
+        s.add(FailureClass.POD_DELETED, "pod is being deleted")
+
+
+Signal = Callable[[_Signals, Context, PodView, NodeView | None], None]
+"""Adds what one kind of signal on a worker (its pod, and its node's view) says, by class."""
+
+SIGNALS: Final[tuple[Signal, ...]] = (
+    _node_signals,
+    _device_signals,
+    _disruption_signal,
+    _pod_end_signals,
+)
+"""Every signal `detect` reads on a worker; the class it finds is a row of
+`api.failures.FAILURE_CLASSES`, whose order picks the one that explains the worker."""
+
+
 def all_containers_restarting(pod: PodView) -> bool:
     """The pod condition `AllContainersRestarting` is True: the kubelet is restarting the whole
     pod in place (KEP-5532), as this view of it says."""
@@ -406,9 +389,11 @@ def all_containers_restarting(pod: PodView) -> bool:
 def _cannot_restart_in_place(ctx: Context, pod: PodView) -> bool:
     if pod.terminating or pod.phase in (POD_FAILED, POD_SUCCEEDED):
         return True
-    # In `Process` mode the trainer's container *is* the agent: dead, nothing restarts it.
+    # Where the agent wraps the trainer, the trainer's container *is* the agent: dead, nothing
+    # restarts it.
     trainer = pod.container(ctx.trainer)
-    return ctx.mode is RestartMode.PROCESS and trainer is not None and trainer.state == "terminated"
+    wrapped = RESTART_MODES[ctx.mode].agent is AgentPlacement.WRAPPER
+    return wrapped and trainer is not None and trainer.state == "terminated"
 
 
 def _device_health(pod: PodView) -> frozenset[str]:
@@ -438,24 +423,16 @@ def detect(ctx: Context, rank: int, pod: PodView, node: NodeView | None) -> Fail
     the epoch yet, and the worker is simply created again when its pod is gone.
     """
     s = _Signals()
-    _node_signals(s, ctx, pod, node)
-    _device_signals(s, ctx, pod)
-    _disruption_signal(s, pod)
-    if not pod.terminating:
-        # A pod being deleted has its containers killed: their exits are the deletion's.
-        _exit_signals(s, ctx, pod)
-        if pod.phase == POD_FAILED:
-            s.add(FailureClass.POD_FAILED, _pod_failed_detail(pod))
-    elif ctx.barrier_open:
-        s.add(FailureClass.POD_DELETED, "pod is being deleted")
+    for signal in SIGNALS:
+        signal(s, ctx, pod, node)
     if not s.found:
         return None
-    primary = next(c for c in _PRIORITY if c in s.found)
+    primary = next(c for c in PRIORITY if c in s.found)
     exit_codes = _known_exit_codes(pod)
     if s.container is not None and s.exit_code is not None:
         exit_codes.setdefault(s.container, s.exit_code)
     detail = s.found[primary]
-    others = [c for c in _PRIORITY if c in s.found and c is not primary]
+    others = [c for c in PRIORITY if c in s.found and c is not primary]
     if others:
         detail += f"; also {', '.join(others)}"
     is_exit = primary in (FailureClass.PROCESS_EXIT, FailureClass.OOM_KILLED)
@@ -503,12 +480,9 @@ def barrier_timeout(rank: int, waited: float) -> Failure:
 
 
 def default_decision(failure_class: FailureClass) -> tuple[FailureAction, bool]:
-    """(action, counted) when no rule matches."""
-    if failure_class in (FailureClass.PROCESS_EXIT, FailureClass.OOM_KILLED):
-        return FailureAction.RESTART_GANG, True
-    if failure_class is FailureClass.POD_FAILED:
-        return FailureAction.RECREATE_WORKER, True
-    return FailureAction.RECREATE_WORKER, False
+    """(action, counted) when no rule matches: the class's row of `FAILURE_CLASSES`."""
+    meaning = FAILURE_CLASSES[failure_class]
+    return meaning.action, meaning.counted
 
 
 def _matches_exit(rule: FailurePolicyRule, trainer: str, exit_codes: Mapping[str, int]) -> bool:

@@ -7,7 +7,8 @@ is satisfied once the gang is past it, whatever else restarted the gang meanwhil
 
 from __future__ import annotations
 
-from api.constants import ANNOTATION_RESTART, MANUAL_RESTART_CLASS
+from api.constants import ANNOTATION_RESTART
+from api.failures import FailureClass
 from api.v1alpha1 import FailureAction, RestartTrigger
 from controller.policy import restart
 from controller.policy.failure import restarting_decisions
@@ -29,7 +30,7 @@ def manual_restart(p: Pass) -> bool:
         return False
     trigger = RestartTrigger(
         worker=None,
-        failure_class=MANUAL_RESTART_CLASS,
+        failure_class=FailureClass.MANUAL_RESTART,
         detail=f"requested by the annotation {ANNOTATION_RESTART}={p.epoch}",
         action=FailureAction.RESTART_GANG,
     )

@@ -7,7 +7,8 @@ a worker pod. Pure: returns dicts, talks to nothing.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
 from api.constants import (
@@ -51,9 +52,11 @@ from api.constants import (
     LABEL_ROLE,
     LABEL_ROLE_INDEX,
     RESTART_EXIT_CODE,
+    RESTART_MODES,
     SERVICE_ACCOUNT_DIR,
     WORKER_SERVICE_ACCOUNT,
     WRAPPED_ZIPAPP,
+    AgentPlacement,
 )
 from api.v1alpha1 import GangJob, RestartMode, Role, WorkerSlot
 from controller.policy import kueue
@@ -346,17 +349,8 @@ def apply_restart_mode(
 ) -> dict[str, Any]:
     """Shape the worker pod `build_pod` made of `role` (by default the first) for the restart
     mode in effect; returns `pod`, changed in place. The template's own volumes, containers and
-    init containers are kept; ours are added after them.
-
-    - `Pod`: the agent is a native sidecar, last of the init containers (so the user's init
-      work is done before the worker arrives), whose startup probe on `/barrier` is the
-      barrier: it holds the regular containers back until the gang's barrier is open. Its
-      `RestartAllContainers` rule on `RESTART_EXIT_CODE` restarts the whole pod in place; the
-      trainer's rule (`trainer_restart_rule`) does the same for its retriable exit codes.
-    - `Process`: an init container copies the agent's zipapp into the shared volume, and the
-      trainer's command runs under `agent.pyz wrap --`, which restarts it inside the container.
-    - `Recreate`: the sidecar and its barrier as in `Pod`, without any restart rules: a failed
-      worker stays terminated and the controller recreates the gang.
+    init containers are kept; ours are added after them. Where the mode puts the agent
+    (`RESTART_MODES`) picks the shaping function: `_add_sidecar` or `_wrap_trainer`.
 
     Every mode: the trainer gets `restartPolicy: Never` (container level, which overrides the
     pod's) and `GANGJOB_DIR`; the pod runs as `WORKER_SERVICE_ACCOUNT` unless the template names
@@ -397,62 +391,120 @@ def apply_restart_mode(
         ]
 
     trainer["restartPolicy"] = "Never"
-    if mode is RestartMode.PROCESS:
-        command = trainer.get("command")
-        if not command:
-            raise TrainerCommandRequired(
-                f"{field}.command",
-                "restart mode Process runs the trainer's command under the agent, and the "
-                "image's ENTRYPOINT is unknown to the controller: set `command` (and `args`)",
-            )
-        trainer["command"] = [
-            "python3",
-            WRAPPED_ZIPAPP,
-            "wrap",
-            "--",
-            *command,
-            *(trainer.pop("args", None) or []),
-        ]
-        # The agent runs in the trainer's container here: it needs all of its environment,
-        # and writes the `epoch` file itself.
-        trainer["env"] = _merge_env(trainer.get("env") or [], agent_env)
-        _add_mounts(trainer, [_dir_mount(read_only=False), *token_mounts])
-        install = _agent_container(AGENT_INSTALL_CONTAINER, agent_image, spec, qos_guaranteed)
-        install["command"] = ["cp", AGENT_IMAGE_ZIPAPP, WRAPPED_ZIPAPP]
-        spec["initContainers"] = [*(spec.get("initContainers") or []), install]
-        return pod
+    shape = _SHAPERS[RESTART_MODES[mode].agent]
+    shape(
+        _Shaping(
+            spec=spec,
+            job=job,
+            mode=mode,
+            trainer=trainer,
+            field=field,
+            agent_image=agent_image,
+            agent_env=agent_env,
+            token_mounts=token_mounts,
+            qos_guaranteed=qos_guaranteed,
+            role=role,
+        )
+    )
+    return pod
 
+
+@dataclass(frozen=True)
+class _Shaping:
+    """What a mode's shaping function works on: the pod's spec (changed in place), its trainer
+    container (`field` names it in errors), and what the agent's containers get."""
+
+    spec: dict[str, Any]
+    job: GangJob
+    mode: RestartMode
+    trainer: dict[str, Any]
+    field: str
+    agent_image: str
+    agent_env: list[dict[str, Any]]
+    token_mounts: list[dict[str, Any]]
+    qos_guaranteed: bool
+    role: Role
+
+    def add_install(self) -> None:
+        """The init container that copies the agent's zipapp into the shared volume."""
+        install = _agent_container(
+            AGENT_INSTALL_CONTAINER, self.agent_image, self.spec, self.qos_guaranteed
+        )
+        install["command"] = ["cp", AGENT_IMAGE_ZIPAPP, WRAPPED_ZIPAPP]
+        self.spec["initContainers"] = [*(self.spec.get("initContainers") or []), install]
+
+
+def _wrap_trainer(w: _Shaping) -> None:
+    """The agent wraps the trainer (`Process` mode): an init container copies the agent's
+    zipapp into the shared volume, and the trainer's command runs under `agent.pyz wrap --`,
+    which restarts it inside the container."""
+    command = w.trainer.get("command")
+    if not command:
+        raise TrainerCommandRequired(
+            f"{w.field}.command",
+            f"restart mode {w.mode} runs the trainer's command under the agent, and the "
+            "image's ENTRYPOINT is unknown to the controller: set `command` (and `args`)",
+        )
+    w.trainer["command"] = [
+        "python3",
+        WRAPPED_ZIPAPP,
+        AgentPlacement.WRAPPER.value,
+        "--",
+        *command,
+        *(w.trainer.pop("args", None) or []),
+    ]
+    # The agent runs in the trainer's container here: it needs all of its environment,
+    # and writes the `epoch` file itself.
+    w.trainer["env"] = _merge_env(w.trainer.get("env") or [], w.agent_env)
+    _add_mounts(w.trainer, [_dir_mount(read_only=False), *w.token_mounts])
+    w.add_install()
+
+
+def _add_sidecar(w: _Shaping) -> None:
+    """The agent is a native sidecar (`Pod`, `Recreate` modes), last of the init containers (so
+    the user's init work is done before the worker arrives), whose startup probe on `/barrier`
+    is the barrier: it holds the regular containers back until the gang's barrier is open.
+    Where the mode has restart rules (`Pod`), its `RestartAllContainers` rule on
+    `RESTART_EXIT_CODE` restarts the whole pod in place and the trainer's rule
+    (`trainer_restart_rule`) does the same for its retriable exit codes; without them a failed
+    worker stays terminated and the controller recreates it."""
+    trainer, spec = w.trainer, w.spec
     trainer["env"] = _merge_env(trainer.get("env") or [], [{"name": ENV_DIR, "value": DEFAULT_DIR}])
     _add_mounts(trainer, [_dir_mount(read_only=True)])
-    if job.spec.nproc_per_node is not None:
-        _launch_through_agent(trainer, field, mode)
-        install = _agent_container(AGENT_INSTALL_CONTAINER, agent_image, spec, qos_guaranteed)
-        install["command"] = ["cp", AGENT_IMAGE_ZIPAPP, WRAPPED_ZIPAPP]
-        spec["initContainers"] = [*(spec.get("initContainers") or []), install]
-    agent = _agent_container(AGENT_CONTAINER, agent_image, spec, qos_guaranteed)
-    agent["args"] = ["sidecar"]
+    if w.job.spec.nproc_per_node is not None:
+        _launch_through_agent(trainer, w.field, w.mode)
+        w.add_install()
+    agent = _agent_container(AGENT_CONTAINER, w.agent_image, spec, w.qos_guaranteed)
+    agent["args"] = [AgentPlacement.SIDECAR.value]
     agent["restartPolicy"] = "Always"
-    agent["env"] = agent_env
+    agent["env"] = w.agent_env
     agent["ports"] = [{"name": AGENT_PORT_NAME, "containerPort": DEFAULT_AGENT_PORT}]
     agent["startupProbe"] = {
         "httpGet": {"path": BARRIER_PATH, "port": DEFAULT_AGENT_PORT},
         "periodSeconds": 1,
         "timeoutSeconds": 1,
-        "failureThreshold": job.spec.restart.barrier_timeout_seconds + BARRIER_PROBE_SLACK_SECONDS,
+        "failureThreshold": w.job.spec.restart.barrier_timeout_seconds
+        + BARRIER_PROBE_SLACK_SECONDS,
     }
-    _add_mounts(agent, token_mounts)
-    if mode is RestartMode.POD:
+    _add_mounts(agent, w.token_mounts)
+    if RESTART_MODES[w.mode].restart_rules:
         agent["restartPolicyRules"] = [
             {
                 "action": _RESTART_ALL_CONTAINERS,
                 "exitCodes": {"operator": "In", "values": [RESTART_EXIT_CODE]},
             }
         ]
-        rule = trainer_restart_rule(job, role)
+        rule = trainer_restart_rule(w.job, w.role)
         if rule is not None:
             trainer["restartPolicyRules"] = [rule]
     spec["initContainers"] = [*(spec.get("initContainers") or []), agent]
-    return pod
+
+
+_SHAPERS: Final[Mapping[AgentPlacement, Callable[[_Shaping], None]]] = {
+    AgentPlacement.WRAPPER: _wrap_trainer,
+    AgentPlacement.SIDECAR: _add_sidecar,
+}
+"""How the pod is shaped for where the mode puts the agent (`RESTART_MODES`)."""
 
 
 def _launch_through_agent(trainer: dict[str, Any], field: str, mode: RestartMode) -> None:

@@ -8,10 +8,17 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any, Final
 
-from api.constants import KUEUE_POD_FINALIZER, REASON_FORCE_DELETED, REASON_WORKER_RECREATED
-from api.v1alpha1 import FailureAction, RestartMode, RestartRecord
+from api.constants import (
+    KUEUE_POD_FINALIZER,
+    REASON_FORCE_DELETED,
+    REASON_WORKER_RECREATED,
+    RESTART_MODES,
+    AgentPlacement,
+)
+from api.failures import FailureClass
+from api.v1alpha1 import FailureAction, RestartRecord
 from controller.policy import classify
-from controller.policy.classify import Decision, FailureClass
+from controller.policy.classify import Decision
 from controller.policy.gang import POD_TERMINAL, at_epoch
 from controller.policy.passstate import (
     EventSpec,
@@ -72,7 +79,7 @@ def to_recreate(p: Pass, restarting: list[Decision]) -> set[int]:
     again): all in `Recreate` mode; else those the policy recreates, those whose pod is gone,
     and those that cannot restart in place."""
     active = p.active()
-    if p.effective_mode is RestartMode.RECREATE:
+    if not RESTART_MODES[p.effective_mode].in_place:
         return set(active)
     ranks = {
         d.worker
@@ -104,7 +111,8 @@ def _stuck(p: Pass, pod: PodView) -> tuple[FailureClass, str] | None:
         if lost is not None:
             return FailureClass.NODE_LOST, lost
     trainer = pod.container(p.job.spec.role_of(pod.rank or 0).trainer_container_name)
-    if p.effective_mode is RestartMode.PROCESS and trainer and trainer.state == "terminated":
+    wrapped = RESTART_MODES[p.effective_mode].agent is AgentPlacement.WRAPPER
+    if wrapped and trainer and trainer.state == "terminated":
         return FailureClass.PROCESS_EXIT, f"container {trainer.name} (the agent) terminated"
     return None
 

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.agent import Agent, AgentState, Mode, Step
+from agent.agent import Agent, AgentState, Step
 from agent.apiclient import HttpClient, ssl_context
 from agent.config import Config
 from api.builders import gangjob
-from api.constants import ANNOTATION_EPOCH, ANNOTATION_EXIT, RESTART_EXIT_CODE
+from api.constants import ANNOTATION_EPOCH, ANNOTATION_EXIT, RESTART_EXIT_CODE, AgentPlacement
 from controller.k8s import CRDS, GANGJOBS, PODS, AlreadyExists, JsonDict, Kube
 from localcluster.addons import crd_established
 from localcluster.cluster import Cluster
@@ -140,7 +140,7 @@ class Fleet:
     def start(
         self,
         rank: int,
-        mode: Mode = Mode.POD,
+        mode: AgentPlacement = AgentPlacement.SIDECAR,
         command: Sequence[str] = (),
         client: HttpClient | None = None,
         **tuning: Any,
@@ -152,7 +152,7 @@ class Fleet:
             pod_name=f"{JOB}-{rank}",
             namespace=self.namespace,
             dir=self.root / str(rank),
-            probe_port=0 if mode is Mode.POD else None,
+            probe_port=0 if mode is AgentPlacement.SIDECAR else None,
             probe_host="127.0.0.1",
             kill_grace_seconds=5.0,
             **tuning,
@@ -237,10 +237,12 @@ async def test_process_mode_restarts_the_trainer_in_place_and_reports_exits(
     await create_gang(sim_kube, namespace, 2)
     # Each run records torchrun's rendezvous id as the agent gave it.
     ids = fleet.root / "rdzv-ids"
-    sleeper = fleet.start(0, Mode.PROCESS, ["sh", "-c", f'echo "$PET_RDZV_ID" >> {ids}; sleep 30'])
+    sleeper = fleet.start(
+        0, AgentPlacement.WRAPPER, ["sh", "-c", f'echo "$PET_RDZV_ID" >> {ids}; sleep 30']
+    )
     # Fails with 3 at epoch 0, then trains at the next epoch.
     flaky = fleet.start(
-        1, Mode.PROCESS, ["sh", "-c", '[ "$GANGJOB_EPOCH" = 0 ] && exit 3; sleep 30']
+        1, AgentPlacement.WRAPPER, ["sh", "-c", '[ "$GANGJOB_EPOCH" = 0 ] && exit 3; sleep 30']
     )
     await all_annotated(sim_kube, namespace, range(2), {ANNOTATION_EPOCH: "0"})
 

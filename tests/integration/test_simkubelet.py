@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 
-from agent.agent import Mode, Step
+from agent.agent import Step
 from agent.apiclient import HttpClient, ssl_context
 from api import builders
+from api.constants import AgentPlacement
 from controller.k8s import GANGJOBS, NODES, PODS, JsonDict, Kube, NotFound
 from localcluster import simkubelet
 from localcluster.cluster import SIMULATED_KUBELET_LABEL, Cluster, Options, kwok_node
@@ -381,7 +382,7 @@ class World:
                 if st is None or st.epoch != epoch or not st.barrier_open:
                     return False
                 assert w is not None
-                if w.mode is Mode.PROCESS and not (
+                if w.mode is AgentPlacement.WRAPPER and not (
                     w.trainer is not None and w.trainer.epoch == epoch and w.trainer.running
                 ):
                     return False

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from agent.agent import STOPPED_EXIT_CODE, Agent, AgentState, Mode, Step
+from agent.agent import STOPPED_EXIT_CODE, Agent, AgentState, Step
 from agent.apiclient import ApiError, JsonDict, TransportError
 from agent.build import build_zipapp
 from agent.config import Config, ConfigError
@@ -30,7 +30,7 @@ from agent.protocol import (
     exit_status,
     target_epoch,
 )
-from api.constants import ANNOTATION_EPOCH, ANNOTATION_EXIT, RESTART_EXIT_CODE
+from api.constants import ANNOTATION_EPOCH, ANNOTATION_EXIT, RESTART_EXIT_CODE, AgentPlacement
 
 DEADLINE = 10.0
 NS = "ns"
@@ -529,7 +529,7 @@ async def test_process_mode_reports_exits_and_restarts_at_the_new_epoch(
         f'[ "$PET_RDZV_ID" = "{JOB}-epoch-$GANGJOB_EPOCH" ] || exit 8; '
         '[ "$GANGJOB_EPOCH" = 1 ] && exit 0; exit 3'
     )
-    a = Agent(make_config(tmp_path), fake, mode=Mode.PROCESS, command=sh(script))
+    a = Agent(make_config(tmp_path), fake, mode=AgentPlacement.WRAPPER, command=sh(script))
     async with running(a) as task:
         await until(a, at(Step.AT_BARRIER, 0))
         fake.set_status(barrierEpoch=0)
@@ -552,7 +552,7 @@ async def test_process_mode_kills_the_trainer_on_a_bump_and_restarts_it(
 ) -> None:
     fake = FakeApi(epoch=0, phase="Running")
     fake.add_pod("train-0")
-    a = Agent(make_config(tmp_path), fake, mode=Mode.PROCESS, command=sh("sleep 30"))
+    a = Agent(make_config(tmp_path), fake, mode=AgentPlacement.WRAPPER, command=sh("sleep 30"))
     async with running(a) as task:
         fake.set_status(barrierEpoch=0)
         first = await until(a, at(Step.RUNNING, 0))
@@ -581,7 +581,7 @@ async def test_process_mode_sigkills_a_trainer_that_ignores_sigterm(
     # the trap is set (a SIGTERM before it would end the shell at once).
     script = "trap '' TERM; echo ready > \"$READY\"; sleep 30; exit 0"
     env = {**os.environ, "READY": str(ready)}
-    a = Agent(config, fake, mode=Mode.PROCESS, command=sh(script), env=env)
+    a = Agent(config, fake, mode=AgentPlacement.WRAPPER, command=sh(script), env=env)
     async with running(a) as task:
         fake.set_status(barrierEpoch=0)
         try:
@@ -600,7 +600,7 @@ async def test_process_mode_exits_with_the_code_when_the_job_failed(
 ) -> None:
     fake = FakeApi(epoch=0)
     fake.add_pod("train-0")
-    a = Agent(make_config(tmp_path), fake, mode=Mode.PROCESS, command=sh("exit 3"))
+    a = Agent(make_config(tmp_path), fake, mode=AgentPlacement.WRAPPER, command=sh("exit 3"))
     async with running(a) as task:
         fake.set_status(barrierEpoch=0)
         await until(a, lambda s: s.step == Step.WAITING_FOR_EPOCH)
@@ -611,7 +611,7 @@ async def test_process_mode_exits_with_the_code_when_the_job_failed(
 async def test_process_mode_stop_before_the_barrier(tmp_path: pathlib.Path) -> None:
     fake = FakeApi(epoch=0)
     fake.add_pod("train-0")
-    a = Agent(make_config(tmp_path), fake, mode=Mode.PROCESS, command=["true"])
+    a = Agent(make_config(tmp_path), fake, mode=AgentPlacement.WRAPPER, command=["true"])
     async with running(a) as task:
         await until(a, at(Step.AT_BARRIER, 0))
         a.stop()
@@ -621,7 +621,9 @@ async def test_process_mode_stop_before_the_barrier(tmp_path: pathlib.Path) -> N
 async def test_process_mode_missing_command_counts_as_exit_127(tmp_path: pathlib.Path) -> None:
     fake = FakeApi(epoch=0)
     fake.add_pod("train-0")
-    a = Agent(make_config(tmp_path), fake, mode=Mode.PROCESS, command=["/nonexistent/trainer"])
+    a = Agent(
+        make_config(tmp_path), fake, mode=AgentPlacement.WRAPPER, command=["/nonexistent/trainer"]
+    )
     async with running(a):
         fake.set_status(barrierEpoch=0)
         await until(a, lambda s: s.last_exit == (0, 127))
@@ -629,4 +631,4 @@ async def test_process_mode_missing_command_counts_as_exit_127(tmp_path: pathlib
 
 def test_process_mode_needs_a_command(tmp_path: pathlib.Path) -> None:
     with pytest.raises(ValueError, match="command"):
-        Agent(make_config(tmp_path), FakeApi(), mode=Mode.PROCESS)
+        Agent(make_config(tmp_path), FakeApi(), mode=AgentPlacement.WRAPPER)

@@ -11,9 +11,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from api.failures import FailureClass
 from api.v1alpha1 import ExitCodeOperator, FailureAction, GangJob, RestartMode
 from controller.policy import classify, podspec
-from controller.policy.classify import Context, Failure, FailureClass
+from controller.policy.classify import Context, Failure
 from controller.policy.views import NodeView, PodView
 from tests.unit.builders import T0, make_job, make_node, make_pod
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from api.failures import FailureClass, meaning
 from benchmarks.faults.observer import (
     FAIL_REASON_EXIT_CODE,
     INVARIANTS,
@@ -120,14 +121,23 @@ def test_more_counted_restarts_than_crashes_are_flagged() -> None:
     assert flagged(c) == ["budget"]
 
 
-def test_a_counted_node_loss_restart_is_flagged() -> None:
+@pytest.mark.parametrize("cls", sorted(c for c in FailureClass if not meaning(c).counted))
+def test_a_counted_restart_of_an_uncounted_class_is_flagged(cls: FailureClass) -> None:
     c = checker()
-    last = {"epoch": 1, "counted": True, "trigger": {"class": "NodeLost", "action": "RestartGang"}}
+    last = {"epoch": 1, "counted": True, "trigger": {"class": str(cls), "action": "RestartGang"}}
     c.job(1.0, "a", job(epoch=1, lastRestart=last))
     assert flagged(c) == ["budget"]
     c2 = checker()
     c2.job(1.0, "a", job(epoch=1, lastRestart={**last, "counted": False}))
     assert flagged(c2) == []
+
+
+@pytest.mark.parametrize("cls", sorted(c for c in FailureClass if meaning(c).counted))
+def test_a_counted_restart_of_a_counted_class_passes(cls: FailureClass) -> None:
+    c = checker()
+    last = {"epoch": 1, "counted": True, "trigger": {"class": str(cls), "action": "RestartGang"}}
+    c.job(1.0, "a", job(epoch=1, lastRestart=last))
+    assert flagged(c) == []
 
 
 # -- lost-record -------------------------------------------------------------------------------

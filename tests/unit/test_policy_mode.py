@@ -44,9 +44,8 @@ def test_process_mode_when_no_ready_node_declares_the_feature() -> None:
     observed = new_gang([make_node("old", features=()), make_node(ready="False")])
     result = plan(observed)
     message = (
-        "No Ready node the workers may run on declares RestartAllContainersOnContainerExits "
-        "(KEP-5532): a Pod-mode worker could not be scheduled: restart mode Pod falls back to "
-        "Process"
+        "No Ready node the workers may run on declares RestartAllContainersOnContainerExits: "
+        "a Pod-mode worker could not be scheduled: restart mode Pod falls back to Process"
     )
     assert result.status.mode is RestartMode.PROCESS
     assert condition(result, ConditionType.MODE_DEGRADED) == (

@@ -11,6 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from api.builders import gangjob, role
+from api.failures import FailureClass
 from api.v1alpha1 import (
     FailureAction,
     GangJob,
@@ -20,7 +21,7 @@ from api.v1alpha1 import (
     parse_gangjob,
 )
 from controller.policy import classify
-from controller.policy.classify import Failure, FailureClass
+from controller.policy.classify import Failure
 from controller.policy.plan import Observed, Plan, plan
 from controller.policy.podspec import build_pod, worker_env
 from controller.policy.success import job_succeeded
