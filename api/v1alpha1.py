@@ -1309,6 +1309,9 @@ class Condition(_Model):
 class GangJobStatus(_Model):
     """The observed state of a GangJob, written by the controller."""
 
+    # Not frozen: a planning pass works on a copy, each field written by the step that owns it.
+    model_config = ConfigDict(frozen=False)
+
     phase: Phase | None = Field(default=None, description="Phase of the job.")
     epoch: int = Field(
         default=0,

@@ -40,7 +40,7 @@ def ignored_workers(p: Pass) -> set[int]:
 
 def _decisions(p: Pass) -> list[Decision]:
     base = classify.Context.of(
-        p.job, p.effective_mode, p.epoch, p.barrier_epoch, p.barrier_opened_at
+        p.job, p.effective_mode, p.status.epoch, p.status.barrier_epoch, p.status.barrier_opened_at
     )
     # Each role's own trainer container is the one whose exit is the worker's.
     contexts = {
@@ -55,7 +55,7 @@ def _decisions(p: Pass) -> list[Decision]:
             # A role that joined the running gang creates its pods as it goes: one missing is
             # created again, as before the first barrier.
             failure = None if p.started_late(rank) else classify.missing(ctx, rank)
-        elif not at_epoch(pod, p.epoch) or p.superseded(rank, pod):
+        elif not at_epoch(pod, p.status.epoch) or p.superseded(rank, pod):
             continue
         else:
             if pod.name in p.delete_pods and not pod.terminating:
@@ -83,9 +83,14 @@ def fail_by_policy(p: Pass) -> bool:
     restarting = restarting_decisions(p.decisions)
     first = classify.lowest(restarting)
     limit = p.job.spec.restart.max_restarts
-    if first is not None and any(d.counted for d in restarting) and p.restarts.counted >= limit:
+    if (
+        first is not None
+        and any(d.counted for d in restarting)
+        and p.status.restarts.counted >= limit
+    ):
         message = (
-            f"{p.restarts.counted} counted restarts reached spec.restart.maxRestarts ({limit}); "
+            f"{p.status.restarts.counted} counted restarts reached spec.restart.maxRestarts "
+            f"({limit}); "
             f"last failure: {worker_text(p, first.worker)}: {first.failure.detail}"
         )
         p.acted = restarting

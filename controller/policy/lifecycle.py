@@ -60,9 +60,9 @@ def finished(p: Pass) -> bool:
 
 def _ttl(p: Pass) -> None:
     ttl = p.job.spec.ttl_seconds_after_finished
-    if ttl is None or p.completion_time is None:
+    if ttl is None or p.status.completion_time is None:
         return
-    remaining = (p.completion_time + timedelta(seconds=ttl) - p.now).total_seconds()
+    remaining = (p.status.completion_time + timedelta(seconds=ttl) - p.now).total_seconds()
     if remaining <= 0:
         p.delete_job = True
     else:
@@ -72,11 +72,11 @@ def _ttl(p: Pass) -> None:
 def finish(p: Pass, phase: Phase, type_: ConditionType, reason: str, message: str) -> None:
     """The job ends in `phase` (Succeeded or Failed), said by condition `type_`; it is no
     longer Ready, nor Restarting."""
-    p.phase = phase
-    p.completion_time = p.stamp
+    p.status.phase = phase
+    p.status.completion_time = p.stamp
     p.set_condition(type_, ConditionStatus.TRUE, reason, message)
     p.set_condition(ConditionType.READY, ConditionStatus.FALSE, REASON_JOB_FINISHED, message)
-    if is_true(p.conditions, ConditionType.RESTARTING):
+    if is_true(p.status.conditions, ConditionType.RESTARTING):
         p.set_condition(
             ConditionType.RESTARTING, ConditionStatus.FALSE, REASON_JOB_FINISHED, message
         )
@@ -85,7 +85,7 @@ def finish(p: Pass, phase: Phase, type_: ConditionType, reason: str, message: st
 
 def suspend(p: Pass) -> bool:
     """`suspend: true` deletes every pod and holds the job; `false` again resumes it."""
-    was_suspended = is_true(p.conditions, ConditionType.SUSPENDED)
+    was_suspended = is_true(p.status.conditions, ConditionType.SUSPENDED)
     if not p.job.spec.suspend:
         if was_suspended:
             p.set_condition(
@@ -95,7 +95,7 @@ def suspend(p: Pass) -> bool:
         return False
     for pod in p.gang.workers.values():
         p.delete(pod, REASON_SUSPENDED)
-    p.phase = Phase.SUSPENDED
+    p.status.phase = Phase.SUSPENDED
     p.set_condition(
         ConditionType.SUSPENDED, ConditionStatus.TRUE, REASON_SUSPENDED, "Job suspended"
     )
@@ -129,15 +129,16 @@ def create(p: Pass) -> bool:
             # Not for a Kueue pod group: Kueue's role hash covers the affinity, and a worker of
             # another shape than its group's is no member of the admitted Workload (gated).
             lost = lost_nodes(p) if kueue.queue_name(p.job) is None else []
-            keep_off = p.avoid_nodes + [n for n in lost if n not in p.avoid_nodes]
+            avoided = p.avoided()
+            keep_off = avoided + [n for n in lost if n not in avoided]
         p.create_pods[rank] = finish_pod(pod, p.effective_mode, keep_off)
     if p.create_pods:
         count = len(p.create_pods)
         p.events.append(
             EventSpec("Normal", REASON_WORKERS_CREATED, f"Created {count} worker pod(s)")
         )
-    if p.start_time is None and (p.create_pods or p.gang.workers):
-        p.start_time = p.stamp
+    if p.status.start_time is None and (p.create_pods or p.gang.workers):
+        p.status.start_time = p.stamp
     return False
 
 
@@ -149,7 +150,7 @@ def _invalid_template(p: Pass, error: ValueError) -> bool:
         reason = REASON_INVALID_TEMPLATE
     message = f"Cannot build worker pods: {error}"
     p.create_pods.clear()
-    ready = get_condition(p.conditions, ConditionType.READY)
+    ready = get_condition(p.status.conditions, ConditionType.READY)
     if ready is None or (ready.reason, ready.message) != (reason, message):
         p.events.append(EventSpec("Warning", reason, message))
     p.set_condition(ConditionType.READY, ConditionStatus.FALSE, reason, message)
@@ -202,13 +203,13 @@ def running(p: Pass) -> bool:
     live = p.staying()
     ready = sum(live[w].phase == POD_RUNNING and live[w].ready for w in expected if w in live)
     message = f"{ready}/{replicas} workers ready"
-    restarting = p.last_restart is not None and p.last_restart.epoch == p.epoch
-    if restarting and p.barrier_epoch != p.epoch:
-        p.phase = Phase.RESTARTING
+    restarting = p.status.last_restart is not None and p.status.last_restart.epoch == p.status.epoch
+    if restarting and p.status.barrier_epoch != p.status.epoch:
+        p.status.phase = Phase.RESTARTING
     elif ready == replicas:
-        p.phase = Phase.RUNNING
+        p.status.phase = Phase.RUNNING
     else:
-        p.phase = Phase.PENDING
+        p.status.phase = Phase.PENDING
     if ready == replicas:
         p.set_condition(ConditionType.READY, ConditionStatus.TRUE, REASON_WORKERS_READY, message)
     else:

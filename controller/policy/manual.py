@@ -24,14 +24,14 @@ def requested_epoch(annotations: dict[str, str]) -> int | None:
 def manual_restart(p: Pass) -> bool:
     """Bumps the epoch for a request at the gang's epoch, unless a failure of this pass
     restarts the gang anyway, or waits out its backoff (which a request must not cut short)."""
-    if requested_epoch(p.job.metadata.annotations) != p.epoch:
+    if requested_epoch(p.job.metadata.annotations) != p.status.epoch:
         return False
     if restarting_decisions(p.decisions):
         return False
     trigger = RestartTrigger(
         worker=None,
         failure_class=FailureClass.MANUAL_RESTART,
-        detail=f"requested by the annotation {ANNOTATION_RESTART}={p.epoch}",
+        detail=f"requested by the annotation {ANNOTATION_RESTART}={p.status.epoch}",
         action=FailureAction.RESTART_GANG,
     )
     restart.bump(p, trigger, [], counted=False)

@@ -26,18 +26,18 @@ def choose_mode(p: Pass) -> bool:
     """`status.mode`: `spec.restart.mode` if the cluster honours it, else the first of its
     fallbacks (`RESTART_MODES`) that works, said in the `ModeDegraded` condition (never
     silently). Workers built for another mode are deleted, to be created again in this one."""
-    degraded = get_condition(p.conditions, ConditionType.MODE_DEGRADED)
+    degraded = get_condition(p.status.conditions, ConditionType.MODE_DEGRADED)
     held = degraded if degraded is not None and degraded.status == ConditionStatus.TRUE else None
     asked = p.job.spec.restart.mode
     mode, problem = asked, None
     if RESTART_MODES[asked].fallbacks and held is not None and _fallback_holds(p, held, asked):
-        mode, problem = p.mode or _fallback_mode(p, asked), (held.reason, held.message)
+        mode, problem = p.status.mode or _fallback_mode(p, asked), (held.reason, held.message)
     elif RESTART_MODES[asked].fallbacks:
         why = _mode_problem(p, asked)
         if why is not None:
             mode = _fallback_mode(p, asked)
             problem = (why[0], f"{why[1]}: restart mode {asked} falls back to {mode}")
-    p.mode = mode
+    p.status.mode = mode
     if problem is not None:
         reason, message = problem
         if held is None or held.reason != reason:
@@ -63,7 +63,7 @@ def _fallback_holds(p: Pass, held: Condition, asked: RestartMode) -> bool:
     if held.reason == REASON_RULES_DROPPED:
         return True
     # A gang that exists keeps the mode it was built in: changing it recreates every worker.
-    return p.mode not in (None, asked) and bool(p.gang.workers)
+    return p.status.mode not in (None, asked) and bool(p.gang.workers)
 
 
 def _mode_problem(p: Pass, asked: RestartMode) -> tuple[str, str] | None:
@@ -77,7 +77,7 @@ def _mode_problem(p: Pass, asked: RestartMode) -> tuple[str, str] | None:
             "ContainerRestartRules/RestartAllContainersOnContainerExits off)",
         )
     feature = RESTART_MODES[asked].node_feature
-    if feature is None or (p.mode is asked and p.gang.workers):
+    if feature is None or (p.status.mode is asked and p.gang.workers):
         return None  # built in this mode already: a node that stops declaring it changes nothing
     if any(
         node.ready == "True" and feature in node.declared_features

@@ -11,12 +11,10 @@ from typing import Any, Literal
 
 from api.constants import AVOID_NODES_LIMIT, HISTORY_LIMIT, ConditionType
 from api.v1alpha1 import (
-    Condition,
     ConditionStatus,
     GangJob,
     GangJobStatus,
     Phase,
-    RestartCounts,
     RestartMode,
     RestartRecord,
     RoleState,
@@ -153,19 +151,10 @@ class Pass:
     observed: Observed
     config: PlanConfig
     gang: Gang
-    # The status being built, starting from the observed one.
-    phase: Phase | None
-    conditions: list[Condition]
-    start_time: datetime | None
-    completion_time: datetime | None
-    epoch: int
-    barrier_epoch: int | None
-    barrier_opened_at: datetime | None
-    restarts: RestartCounts
-    last_restart: RestartRecord | None
-    history: list[RestartRecord]
-    mode: RestartMode | None
-    avoid_nodes: list[str]
+    status: GangJobStatus
+    """The status being built: a copy of the observed one, each field written by the step that
+    owns it; what is counted from the whole pass (workers, roles, the generation) and the list
+    limits are applied at the end (`finish_status`). """
     create_service: dict[str, Any] | None = None
     create_pods: dict[int, dict[str, Any]] = field(default_factory=dict)
     create_workload: dict[str, Any] | None = None
@@ -184,8 +173,6 @@ class Pass:
     restart_finished: RestartRecord | None = None
     roles: dict[str, RoleProgress] = field(default_factory=dict)
     """Role name -> its state; read from `status.roles`, advanced by `roles.advance`."""
-    role_statuses: list[RoleStatus] = field(default_factory=list)
-    """`status.roles` as this pass leaves it (`roles.statuses`, at the end of `plan`)."""
 
     @property
     def job(self) -> GangJob:
@@ -203,7 +190,7 @@ class Pass:
 
     @property
     def effective_mode(self) -> RestartMode:
-        return self.mode or self.job.spec.restart.mode
+        return self.status.mode or self.job.spec.restart.mode
 
     def node_of(self, pod: PodView) -> NodeView | None:
         return self.observed.nodes.get(pod.node_name) if pod.node_name else None
@@ -211,8 +198,8 @@ class Pass:
     def set_condition(
         self, type_: ConditionType, status: ConditionStatus, reason: str, message: str
     ) -> None:
-        self.conditions = set_condition(
-            self.conditions,
+        self.status.conditions = set_condition(
+            self.status.conditions,
             type_,
             status,
             reason,
@@ -231,20 +218,20 @@ class Pass:
         and nothing it shows is a failure at the epoch. In `Process` mode its agent may even
         arrive at the epoch before its deletion reaches it, with the signal that triggered the
         restart (an unhealthy device, a lost node) still on the pod."""
-        last = self.last_restart
-        if last is None or last.epoch != self.epoch:
+        last = self.status.last_restart
+        if last is None or last.epoch != self.status.epoch:
             return False
         if rank not in last.recreated_ranks(len(self.job.spec.workers)):
             return False
         # The pod created for the restart is at its epoch; any older one is to go.
-        return pod.created_epoch is None or pod.created_epoch < self.epoch
+        return pod.created_epoch is None or pod.created_epoch < self.status.epoch
 
     def requeue(self, seconds: float) -> None:
         if self.requeue_after is None or seconds < self.requeue_after:
             self.requeue_after = seconds
 
     def is_finished(self) -> bool:
-        return self.phase in (Phase.SUCCEEDED, Phase.FAILED)
+        return self.status.phase in (Phase.SUCCEEDED, Phase.FAILED)
 
     def active(self) -> list[int]:
         """The workers the gang's protocol spans in this pass: those of the running roles (not
@@ -261,7 +248,7 @@ class Pass:
         missing is created again, not a failure of the gang."""
         role = self.job.spec.workers[worker].role.name
         progress = self.roles.get(role)
-        return progress is not None and progress.started_late_at == self.epoch
+        return progress is not None and progress.started_late_at == self.status.epoch
 
     def staying(self) -> dict[int, PodView]:
         """The live workers that this plan does not delete."""
@@ -274,32 +261,32 @@ class Pass:
         return WorkersStatus(
             total=len(live) + len(self.create_pods),
             ready=sum(pod.ready for pod in live.values()),
-            arrived=sum(pod.arrived_epoch == self.epoch for pod in live.values()),
+            arrived=sum(pod.arrived_epoch == self.status.epoch for pod in live.values()),
         )
 
-    def status(self) -> GangJobStatus:
-        return GangJobStatus(
-            phase=self.phase,
-            epoch=self.epoch,
-            barrier_epoch=self.barrier_epoch,
-            barrier_opened_at=self.barrier_opened_at,
-            workers=self.workers_status(),
-            roles=self.role_statuses or None,
-            roles_ready=roles_summary(self.role_statuses),
-            restarts=self.restarts,
-            last_restart=self.last_restart,
-            history=self.history[-HISTORY_LIMIT:],
-            conditions=self.conditions,
-            observed_generation=self.job.metadata.generation,
-            start_time=self.start_time,
-            completion_time=self.completion_time,
-            mode=self.mode,
-            avoid_nodes=self.avoid_nodes[-AVOID_NODES_LIMIT:] or None,
-        )
+    def avoided(self) -> list[str]:
+        """`status.avoidNodes`: the nodes no pod created from now on may land on."""
+        return list(self.status.avoid_nodes or ())
+
+    def avoid(self, node: str) -> None:
+        """`node` joins `status.avoidNodes` (the last `AVOID_NODES_LIMIT` are kept)."""
+        avoided = self.avoided()
+        if node not in avoided:
+            self.status.avoid_nodes = [*avoided, node]
+
+    def finish_status(self, role_statuses: Sequence[RoleStatus]) -> None:
+        """What the status counts from the whole pass, once every step ran."""
+        s = self.status
+        s.workers = self.workers_status()
+        s.roles = list(role_statuses) or None
+        s.roles_ready = roles_summary(role_statuses)
+        s.history = s.history[-HISTORY_LIMIT:]
+        s.avoid_nodes = (s.avoid_nodes or [])[-AVOID_NODES_LIMIT:] or None
+        s.observed_generation = self.job.metadata.generation
 
     def plan(self) -> Plan:
         return Plan(
-            status=self.status(),
+            status=self.status,
             create_service=self.create_service,
             create_pods=[self.create_pods[rank] for rank in sorted(self.create_pods)],
             delete_pods=list(self.delete_pods.values()),
@@ -339,5 +326,5 @@ def worker_text(p: Pass, rank: int | None) -> str:
 def job_for_pods(p: Pass, mode: RestartMode) -> GangJob:
     """The job as podspec must see it to build pods of this pass: at its (maybe new) epoch,
     which the pods record as their created-epoch, and in the mode in effect."""
-    status = p.job.status.model_copy(update={"epoch": p.epoch, "mode": mode})
+    status = p.job.status.model_copy(update={"epoch": p.status.epoch, "mode": mode})
     return p.job.model_copy(update={"status": status})

@@ -92,27 +92,16 @@ def plan(observed: Observed, config: PlanConfig = _DEFAULT_CONFIG) -> Plan:
     Raises ValueError if pods are to be created for a job without `metadata.uid` (the apiserver
     always sets one): a pod must be owned by its job.
     """
-    status = observed.job.status
+    status = observed.job.status.model_copy(deep=True)
     p = Pass(
         observed=observed,
         config=config,
-        gang=sort_pods(observed.job, arrived_by_barrier(observed.pods, status)),
-        phase=status.phase,
-        conditions=list(status.conditions),
-        start_time=status.start_time,
-        completion_time=status.completion_time,
-        epoch=status.epoch,
-        barrier_epoch=status.barrier_epoch,
-        barrier_opened_at=status.barrier_opened_at,
-        restarts=status.restarts,
-        last_restart=status.last_restart,
-        history=list(status.history),
-        mode=status.mode,
-        avoid_nodes=list(status.avoid_nodes or ()),
+        gang=sort_pods(observed.job, arrived_by_barrier(observed.pods, observed.job.status)),
+        status=status,
         roles={r.name: RoleProgress(r.state, r.started_late_at) for r in status.roles or ()},
     )
     for step in STEPS:
         if step(p):
             break
-    p.role_statuses = roles.statuses(p)
+    p.finish_status(roles.statuses(p))
     return p.plan()

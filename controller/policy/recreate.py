@@ -97,8 +97,8 @@ def avoid_unhealthy_devices(p: Pass, restarting: list[Decision], recreated: set[
     for d in restarting:
         node = d.failure.node_name
         device = d.failure_class is FailureClass.DEVICE_UNHEALTHY and d.worker in recreated
-        if device and node and node not in p.avoid_nodes:
-            p.avoid_nodes.append(node)
+        if device and node:
+            p.avoid(node)
 
 
 def _stuck(p: Pass, pod: PodView) -> tuple[FailureClass, str] | None:
@@ -130,17 +130,21 @@ def recreate_laggards(p: Pass) -> bool:
     """Workers the barrier waits for in vain are recreated at the epoch, without a bump (nobody
     runs at it yet): those below it that cannot restart in place, and those not arrived
     `spec.restart.barrierTimeoutSeconds` after the restart began (or their pod was created)."""
-    if p.barrier_epoch == p.epoch:
+    if p.status.barrier_epoch == p.status.epoch:
         return False
-    last = p.last_restart if p.last_restart and p.last_restart.epoch == p.epoch else None
+    last = (
+        p.status.last_restart
+        if p.status.last_restart and p.status.last_restart.epoch == p.status.epoch
+        else None
+    )
     timeout = p.job.spec.restart.barrier_timeout_seconds
     staying = p.staying()
     for rank in p.active():
         pod = staying.get(rank)
-        if pod is None or pod.arrived_epoch == p.epoch:
+        if pod is None or pod.arrived_epoch == p.status.epoch:
             continue
         failure: classify.Failure | None = None
-        stuck = None if at_epoch(pod, p.epoch) else _stuck(p, pod)
+        stuck = None if at_epoch(pod, p.status.epoch) else _stuck(p, pod)
         if stuck is not None:
             cls, detail = stuck
             failure = classify.Failure(rank, cls, detail, node_name=pod.node_name, in_place=False)
@@ -165,17 +169,17 @@ def _recreate_worker(
     # must neither count nor announce it again.
     if last is None or last.recreated_all or rank in last.recreated:
         return
-    p.last_restart = last.model_copy(
+    p.status.last_restart = last.model_copy(
         update=recreated_fields({*last.recreated, rank}, len(p.job.spec.workers))
     )
-    r = p.restarts
-    p.restarts = r.model_copy(update={"recreated_workers": r.recreated_workers + 1})
+    r = p.status.restarts
+    p.status.restarts = r.model_copy(update={"recreated_workers": r.recreated_workers + 1})
     p.acted.append(Decision(failure, FailureAction.RECREATE_WORKER, counted=False))
     p.events.append(
         EventSpec(
             "Warning",
             REASON_WORKER_RECREATED,
-            f"Recreating {worker_text(p, rank)} at epoch {p.epoch}: "
+            f"Recreating {worker_text(p, rank)} at epoch {p.status.epoch}: "
             f"{failure.failure_class}: {failure.detail}",
         )
     )

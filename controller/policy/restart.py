@@ -43,7 +43,9 @@ def restart(p: Pass) -> bool:
     if not restarting:
         return False
     counted = any(d.counted for d in restarting)
-    wait = backoff_remaining(p.job, p.last_restart, p.history, p.start_time, p.now)
+    wait = backoff_remaining(
+        p.job, p.status.last_restart, p.status.history, p.status.start_time, p.now
+    )
     if counted and wait > 0:
         p.pending_failure = True
         p.requeue(wait)
@@ -70,7 +72,7 @@ def _bump(p: Pass, restarting: list[Decision], counted: bool) -> None:
 def bump(p: Pass, trigger: RestartTrigger, restarting: list[Decision], counted: bool) -> None:
     """Raises the epoch by one for `trigger`: the restart record, the workers `restarting`
     recreates deleted, the counts, the condition and the Event."""
-    epoch = p.epoch + 1
+    epoch = p.status.epoch + 1
     recreated = recreate.to_recreate(p, restarting)
     for rank in sorted(recreated):
         pod = p.gang.workers.get(rank)
@@ -85,13 +87,13 @@ def bump(p: Pass, trigger: RestartTrigger, restarting: list[Decision], counted: 
         counted=counted or None,
         **recreate.recreated_fields(recreated, len(p.job.spec.workers)),
     )
-    if p.last_restart is not None and p.last_restart.barrier_open_at is None:
+    if p.status.last_restart is not None and p.status.last_restart.barrier_open_at is None:
         # Superseded before its barrier opened: the history keeps it, unfinished.
-        p.history.append(p.last_restart)
-    p.last_restart = record
-    p.epoch = epoch
-    r = p.restarts
-    p.restarts = RestartCounts(
+        p.status.history.append(p.status.last_restart)
+    p.status.last_restart = record
+    p.status.epoch = epoch
+    r = p.status.restarts
+    p.status.restarts = RestartCounts(
         total=r.total + 1,
         counted=r.counted + counted,
         in_place=r.in_place + (not recreated),
@@ -102,7 +104,7 @@ def bump(p: Pass, trigger: RestartTrigger, restarting: list[Decision], counted: 
     )
     if recreated:
         message += f"; recreating {recreate.ranks_text(recreated, len(p.job.spec.workers))}"
-    p.phase = Phase.RESTARTING
+    p.status.phase = Phase.RESTARTING
     p.set_condition(ConditionType.RESTARTING, ConditionStatus.TRUE, trigger.failure_class, message)
     p.events.append(EventSpec("Warning", REASON_GANG_RESTARTING, message))
     p.restart_started = record
@@ -114,25 +116,25 @@ def barrier(p: Pass) -> bool:
     at it (one barrier for all roles): all present, none terminating or being deleted, each
     arrived at exactly the epoch; never over a failure that waits for its restart. Completed
     roles' workers are done and waiting roles' not created: neither is waited for."""
-    if p.barrier_epoch == p.epoch or p.pending_failure:
+    if p.status.barrier_epoch == p.status.epoch or p.pending_failure:
         return False
     staying = p.staying()
     active = p.active()
     if not active or any(w not in staying for w in active):
         return False
-    if any(staying[w].arrived_epoch != p.epoch for w in active):
+    if any(staying[w].arrived_epoch != p.status.epoch for w in active):
         return False
-    p.barrier_epoch = p.epoch
-    p.barrier_opened_at = p.now
-    last = p.last_restart
-    if last is None or last.epoch != p.epoch or last.barrier_open_at is not None:
+    p.status.barrier_epoch = p.status.epoch
+    p.status.barrier_opened_at = p.now
+    last = p.status.last_restart
+    if last is None or last.epoch != p.status.epoch or last.barrier_open_at is not None:
         return False
     duration = max(0.0, (p.now - last.detected_at).total_seconds())
     done = last.model_copy(update={"barrier_open_at": p.now, "duration_seconds": duration})
-    p.last_restart = done
-    p.history.append(done)
+    p.status.last_restart = done
+    p.status.history.append(done)
     message = (
-        f"Every worker arrived at epoch {p.epoch}: the gang restarted in {duration:.2f}s "
+        f"Every worker arrived at epoch {p.status.epoch}: the gang restarted in {duration:.2f}s "
         f"(trigger: {worker_text(p, last.trigger.worker)} {last.trigger.failure_class})"
     )
     p.set_condition(ConditionType.RESTARTING, ConditionStatus.FALSE, REASON_BARRIER_OPEN, message)

@@ -25,7 +25,7 @@ def advance(p: Pass) -> bool:
                 progress = RoleProgress(RoleState.RUNNING)
             elif all(_reached(p, dep.role, dep.status) for dep in role.depends_on):
                 # Started behind an open barrier: its pods join the running gang at this epoch.
-                late = p.epoch if p.barrier_epoch == p.epoch else None
+                late = p.status.epoch if p.status.barrier_epoch == p.status.epoch else None
                 progress = RoleProgress(RoleState.RUNNING, late)
         if progress.state is RoleState.RUNNING and _all_succeeded(p, role):
             progress = RoleProgress(RoleState.COMPLETE)
@@ -44,7 +44,9 @@ def _has_pods(p: Pass, role: Role) -> bool:
 def _all_succeeded(p: Pass, role: Role) -> bool:
     trainer = role.trainer_container_name
     live = p.gang.live
-    return all(w in live and worker_succeeded(live[w], p.epoch, trainer) for w in _workers(p, role))
+    return all(
+        w in live and worker_succeeded(live[w], p.status.epoch, trainer) for w in _workers(p, role)
+    )
 
 
 def _reached(p: Pass, name: str, status: DependencyStatus) -> bool:
@@ -90,7 +92,7 @@ def statuses(p: Pass) -> list[RoleStatus]:
         succeeded = (
             role.replicas
             if progress.state is RoleState.COMPLETE
-            else sum(worker_succeeded(pod, p.epoch, trainer) for pod in pods)
+            else sum(worker_succeeded(pod, p.status.epoch, trainer) for pod in pods)
         )
         out.append(
             RoleStatus(
@@ -98,9 +100,9 @@ def statuses(p: Pass) -> list[RoleStatus]:
                 state=progress.state,
                 replicas=role.replicas,
                 ready=sum(pod.ready for pod in pods),
-                arrived=sum(pod.arrived_epoch == p.epoch for pod in pods),
+                arrived=sum(pod.arrived_epoch == p.status.epoch for pod in pods),
                 succeeded=succeeded,
-                failed=sum(_failed(pod, p.epoch, trainer) for pod in pods),
+                failed=sum(_failed(pod, p.status.epoch, trainer) for pod in pods),
                 started_late_at=progress.started_late_at,
             )
         )

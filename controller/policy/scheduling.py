@@ -154,7 +154,7 @@ def gang_scheduling(p: Pass) -> bool:
             p.create_pod_group = build_pod_group(p.job)
             for pod in p.create_pods.values():
                 link(pod, group)
-    held = get_condition(p.conditions, ConditionType.GANG_SCHEDULING)
+    held = get_condition(p.status.conditions, ConditionType.GANG_SCHEDULING)
     if reason == REASON_GANG_NOT_SERVED and (held is None or held.reason != reason):
         p.events.append(EventSpec("Warning", reason, message))
     p.set_condition(ConditionType.GANG_SCHEDULING, status, reason, message)

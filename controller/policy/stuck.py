@@ -82,7 +82,7 @@ def diagnose(p: Pass) -> bool:
         p,
         (creation_refused, rbac_missing, image_pull_failed, agent_crashing, barrier_stalled),
     )
-    stuck = get_condition(p.conditions, ConditionType.STUCK)
+    stuck = get_condition(p.status.conditions, ConditionType.STUCK)
     if cause is not None:
         reason, message = cause
         if stuck is None or stuck.status != ConditionStatus.TRUE or stuck.reason != reason:
@@ -96,14 +96,14 @@ def diagnose(p: Pass) -> bool:
             f"No longer stuck ({stuck.reason} cleared)",
         )
     _arrival_channel(p)
-    if cause is not None or p.barrier_epoch != p.epoch:
+    if cause is not None or p.status.barrier_epoch != p.status.epoch:
         p.requeue(p.config.recheck_seconds)
     return False
 
 
 def clear(p: Pass, reason: str, message: str) -> None:
     """A job that finished or was suspended is no longer stuck."""
-    if is_true(p.conditions, ConditionType.STUCK):
+    if is_true(p.status.conditions, ConditionType.STUCK):
         p.set_condition(ConditionType.STUCK, ConditionStatus.FALSE, reason, message)
 
 
@@ -190,7 +190,7 @@ def agent_crashing(p: Pass) -> Cause | None:
     back-offs it runs for a moment: while the gang is said to be stuck on it, an agent that
     runs again after a crash, not yet through its barrier probe, still counts (the condition
     would flap, an Event each time, otherwise)."""
-    said = is_true(p.conditions, ConditionType.STUCK) and _reason(p) == REASON_AGENT_CRASHING
+    said = is_true(p.status.conditions, ConditionType.STUCK) and _reason(p) == REASON_AGENT_CRASHING
     hits = _containers(p, lambda c: _crash_looping(c) or (said and _between_back_offs(c)))
     if not hits:
         return None
@@ -226,17 +226,21 @@ def _between_back_offs(c: ContainerView) -> bool:
 
 
 def _reason(p: Pass) -> str | None:
-    condition = get_condition(p.conditions, ConditionType.STUCK)
+    condition = get_condition(p.status.conditions, ConditionType.STUCK)
     return None if condition is None else condition.reason
 
 
 def barrier_stalled(p: Pass) -> Cause | None:
     """The barrier of the epoch is still shut, and some worker has not arrived for longer than
     the bound since the restart began (or the gang started, or its pod was created)."""
-    if p.barrier_epoch == p.epoch or p.is_finished():
+    if p.status.barrier_epoch == p.status.epoch or p.is_finished():
         return None
-    last = p.last_restart if p.last_restart and p.last_restart.epoch == p.epoch else None
-    began = last.detected_at if last is not None else p.start_time
+    last = (
+        p.status.last_restart
+        if p.status.last_restart and p.status.last_restart.epoch == p.status.epoch
+        else None
+    )
+    began = last.detected_at if last is not None else p.status.start_time
     if began is None:
         return None
     bound = min(p.config.barrier_stall_seconds, p.job.spec.restart.barrier_timeout_seconds)
@@ -245,7 +249,7 @@ def barrier_stalled(p: Pass) -> Cause | None:
     missing: list[int] = []
     for worker in active:
         pod = staying.get(worker)
-        if (pod is not None and pod.arrived_epoch == p.epoch) or worker in p.create_pods:
+        if (pod is not None and pod.arrived_epoch == p.status.epoch) or worker in p.create_pods:
             continue  # arrived, or its pod is created now: it has all its time ahead
         since = began
         if pod is not None and pod.creation_timestamp is not None:
@@ -261,7 +265,7 @@ def barrier_stalled(p: Pass) -> Cause | None:
     more = f"; and {len(missing) - SHOWN} more" if len(missing) > SHOWN else ""
     return (
         REASON_BARRIER_STALLED,
-        f"{len(missing)} of {len(active)} workers have not arrived at epoch {p.epoch} for "
+        f"{len(missing)} of {len(active)} workers have not arrived at epoch {p.status.epoch} for "
         f"more than {bound:g}s: {named}{more}. Fix: see why in `kubectl describe pod` and the "
         f"agent's log (`kubectl logs <pod> -c {AGENT_CONTAINER}`); a worker of a restart "
         "still missing after spec.restart.barrierTimeoutSeconds is recreated.",
@@ -313,14 +317,14 @@ def _arrival_channel(p: Pass) -> None:
         w
         for w in active
         if w in staying
-        and parse_decimal_int(staying[w].annotations.get(ANNOTATION_EPOCH)) == p.epoch
+        and parse_decimal_int(staying[w].annotations.get(ANNOTATION_EPOCH)) == p.status.epoch
     ]
-    degraded = get_condition(p.conditions, ConditionType.ARRIVAL_DEGRADED)
+    degraded = get_condition(p.status.conditions, ConditionType.ARRIVAL_DEGRADED)
     if by_annotation:
         shown = _workers_text(p, by_annotation)
         message = (
-            f"{len(by_annotation)} of {len(active)} workers arrived at epoch {p.epoch} by pod "
-            f"annotation, not at the controller's arrival endpoint {url}: {shown}. They cannot "
+            f"{len(by_annotation)} of {len(active)} workers arrived at epoch {p.status.epoch} by "
+            f"pod annotation, not at the controller's arrival endpoint {url}: {shown}. They cannot "
             "reach it (a network policy, the Service gangjob-arrivals, or --arrival-url) or it "
             "refused them; restarts still work, at one pod write per worker. Fix: let the "
             "workers reach that URL."
@@ -334,13 +338,13 @@ def _arrival_channel(p: Pass) -> None:
             message,
         )
     elif degraded is not None and degraded.status == ConditionStatus.TRUE:
-        arrived = all(w in staying and staying[w].arrived_epoch == p.epoch for w in active)
+        arrived = all(w in staying and staying[w].arrived_epoch == p.status.epoch for w in active)
         if arrived:
             p.set_condition(
                 ConditionType.ARRIVAL_DEGRADED,
                 ConditionStatus.FALSE,
                 REASON_ARRIVALS_DIRECT,
-                f"Every worker arrived at epoch {p.epoch} through the arrival endpoint",
+                f"Every worker arrived at epoch {p.status.epoch} through the arrival endpoint",
             )
 
 
