@@ -16,7 +16,7 @@ import datetime as dt
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -172,6 +172,20 @@ class Outcome:
     """Observe + plan: the pass's own CPU work, which grows with the gang (no awaits in it)."""
 
 
+def joined(what: str, errors: Sequence[BaseException]) -> BaseException:
+    """One exception that carries every error of a set of parallel writes, as Go's
+    `errors.Join`: the error itself if there is one, else an ExceptionGroup of them all (a
+    cancellation among them wins: the task is being cancelled)."""
+    for e in errors:
+        if not isinstance(e, Exception):
+            return e
+    if len(errors) == 1:
+        return errors[0]
+    return ExceptionGroup(
+        f"{what}: {len(errors)} errors", [e for e in errors if isinstance(e, Exception)]
+    )
+
+
 def refused(error: BaseException) -> bool:
     """The apiserver answered a create with a refusal that retrying will not cure by itself
     (quota, admission webhook or policy, invalid spec), not a transient failure."""
@@ -306,8 +320,15 @@ class Reconciler:
             # In flight together, like creates: a Recreate of 5000 workers deleted one by one
             # spent ~170 s on deletes alone. Each delete is for its pod's UID, so the order
             # between pods does not matter.
-            deleted = await asyncio.gather(*(self._delete_pod(ns, d) for d in decided.delete_pods))
-            out.deleted = sum(deleted)
+            deleted = await asyncio.gather(
+                *(self._delete_pod(ns, d) for d in decided.delete_pods), return_exceptions=True
+            )
+            out.deleted = sum(r is True for r in deleted)
+            failed = [r for r in deleted if isinstance(r, BaseException)]
+            if failed:
+                # Nothing after the deletes is done on a failed one (a recreated worker's name
+                # may still be taken); every failure is raised, none dropped.
+                raise joined(f"deleting pods of {ns}/{name}", failed)
         for release in decided.release_finalizers:
             await self._release_finalizer(ns, release)
         if decided.create_workload is not None:
@@ -359,7 +380,7 @@ class Reconciler:
             if not refused(e) or (isinstance(e, ApiError) and missing_service_account(e))
         ]
         if other:
-            raise other[0]
+            raise joined(f"creating worker pods of {key}", other)
         message = str(errors[0])
         if self._refused.get(key) != message:
             log.warning("creating worker pods of %s refused: %s", key, message)
