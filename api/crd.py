@@ -305,6 +305,20 @@ PRINTER_COLUMNS: Final = [
         "priority": 1,
     },
     {
+        "name": "Step",
+        "type": "integer",
+        "jsonPath": ".status.progress.step",
+        "description": "The gang's training step, as its trainers report it.",
+        "priority": 1,
+    },
+    {
+        "name": "Goodput",
+        "type": "number",
+        "jsonPath": ".status.goodput.ratio",
+        "description": "Productive time / wall time since the job started.",
+        "priority": 1,
+    },
+    {
         "name": "Age",
         "type": "date",
         "jsonPath": ".metadata.creationTimestamp",

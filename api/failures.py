@@ -28,6 +28,7 @@ class FailureClass(StrEnum):
     DISRUPTION = "Disruption"
     EVICTED = "Evicted"
     PREEMPTED = "Preempted"
+    HANG = "Hang"
     OOM_KILLED = "OOMKilled"
     PROCESS_EXIT = "ProcessExit"
     POD_FAILED = "PodFailed"
@@ -86,6 +87,13 @@ FAILURE_CLASSES: Final[Mapping[FailureClass, ClassMeaning]] = {
         counted=False,
         infrastructure=True,
         summary="pod condition DisruptionTarget, reason PreemptionByScheduler",
+    ),
+    FailureClass.HANG: ClassMeaning(
+        FailureAction.RESTART_GANG,
+        counted=True,
+        infrastructure=False,
+        summary="the trainer runs but its reported step has not advanced for "
+        "spec.progress.hangSeconds",
     ),
     FailureClass.OOM_KILLED: ClassMeaning(
         FailureAction.RESTART_GANG,

@@ -49,6 +49,7 @@ from api.constants import (
 )
 from api.constants import FailureAction as FailureAction  # the models' enums, re-exported
 from api.constants import RestartMode as RestartMode
+from api.failures import FailureClass
 
 # --- wire types -----------------------------------------------------------------------------
 
@@ -395,6 +396,21 @@ class RestartSpec(_Model):
     )
 
 
+class ProgressSpec(_Model):
+    """What the controller does with the training progress the trainers report (docs/api.md
+    "Progress"): a trainer reports by writing `step=<n>` lines to `$GANGJOB_PROGRESS`."""
+
+    hang_seconds: int | None = Field(
+        default=None,
+        ge=5,
+        le=86400,
+        description="A worker whose reported step has not advanced for this long while its "
+        "trainer runs, after its first report of the epoch and once the epoch's barrier is "
+        "open, has failed with class `Hang` (by default the gang restarts in place, counted). "
+        "A trainer that never reports is never hung. Unset: hangs are not detected.",
+    )
+
+
 class ExitCodesMatcher(_Model):
     """Matches a container's exit code."""
 
@@ -497,7 +513,13 @@ class NodeConditionMatcher(_Model):
     status: ConditionStatus = Field(description="Condition status that matches.")
 
 
-_MATCHERS: Final = ("onExitCodes", "onPodConditions", "onDeviceHealth", "onNodeConditions")
+_MATCHERS: Final = (
+    "onExitCodes",
+    "onPodConditions",
+    "onDeviceHealth",
+    "onNodeConditions",
+    "onFailureClasses",
+)
 
 
 class FailurePolicyRule(_Model):
@@ -538,6 +560,14 @@ class FailurePolicyRule(_Model):
         max_length=_MATCHERS_MAX,
         description="Matches when the worker's node has any of these conditions.",
     )
+    on_failure_classes: (
+        Annotated[list[FailureClass], Field(min_length=1, max_length=_MATCHERS_MAX)] | None
+    ) = Field(
+        default=None,
+        description="Matches a failure of any of these classes (docs/design.md section 4.3), "
+        "e.g. `[Hang]`.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
     counts_towards_max_restarts: bool | None = Field(
         default=None,
         description="Whether a restart by this rule counts against `spec.restart.maxRestarts`. "
@@ -559,6 +589,7 @@ class FailurePolicyRule(_Model):
             self.on_pod_conditions,
             self.on_device_health,
             self.on_node_conditions,
+            self.on_failure_classes,
         )
         if sum(matcher is not None for matcher in matchers) != 1:
             raise ValueError("a rule must set exactly one of " + ", ".join(_MATCHERS))
@@ -984,6 +1015,11 @@ class GangJobSpec(_Model):
         ge=0,
         description="Delete the GangJob this long after it succeeded or failed. Unset: never.",
     )
+    progress: ProgressSpec = Field(
+        default_factory=ProgressSpec,
+        description="Hang detection from the progress the trainers report.",
+        json_schema_extra={"default": {}},
+    )
     master_port: int = Field(
         default=29500,
         ge=1,
@@ -1265,6 +1301,34 @@ class RestartRecord(_Model):
         description="Whether this restart counted against `spec.restart.maxRestarts`; "
         "consecutive counted restarts double `spec.restart.backoffSeconds`. Unset: it did not.",
     )
+    onset_at: MicroTime | None = Field(
+        default=None,
+        description="When the failure began, as far as the controller can tell: for a `Hang`, "
+        "when the hung worker last made progress; else when it was detected.",
+    )
+    step: int | None = Field(
+        default=None,
+        ge=0,
+        description="The gang's step when it failed (its lowest reported step); unset without "
+        "progress reports.",
+    )
+    checkpoint_step: int | None = Field(
+        default=None,
+        ge=0,
+        description="The latest step every worker had checkpointed when it failed.",
+    )
+    lost_steps: int | None = Field(
+        default=None,
+        ge=0,
+        description="`step` - `checkpointStep`: steps done since the checkpoint the gang "
+        "resumes from, to be computed again.",
+    )
+    lost_seconds: float | None = Field(
+        default=None,
+        ge=0,
+        description="`lostSteps` at the gang's step rate before the failure: the time the "
+        "gang spends computing them again (the `recompute` badput).",
+    )
 
     def recreated_ranks(self, replicas: int) -> list[int]:
         """The ranks this restart recreated, whichever way the record holds them."""
@@ -1277,6 +1341,72 @@ _CONDITION_TYPE_PATTERN: Final = (
     r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
 )
 _CONDITION_REASON_PATTERN: Final = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+
+
+class ProgressStatus(_Model):
+    """The gang's training progress, from what its workers' trainers report."""
+
+    step: int | None = Field(
+        default=None, ge=0, description="The gang's step: the lowest step its workers reported."
+    )
+    steps_per_second: float | None = Field(
+        default=None, ge=0, description="The gang's step rate over the last reports."
+    )
+    checkpoint_step: int | None = Field(
+        default=None,
+        ge=0,
+        description="The latest step every worker reported durably checkpointed.",
+    )
+    reporting: int = Field(
+        default=0, ge=0, description="Workers whose trainer reported progress at the epoch."
+    )
+    updated_at: Time | None = Field(
+        default=None,
+        description="When this was written: every 30 s at most while the gang runs, and at "
+        "each restart.",
+    )
+
+
+class BadputSeconds(_Model):
+    """Wall time that trained nothing, by cause (docs/api.md "Goodput")."""
+
+    scheduling: float = Field(
+        default=0, ge=0, description="From the job's start until its first barrier opened."
+    )
+    detection: float = Field(
+        default=0,
+        ge=0,
+        description="From each failure's onset until the controller raised the epoch.",
+    )
+    restart: float = Field(
+        default=0, ge=0, description="From each epoch raised until its barrier opened."
+    )
+    recompute: float = Field(
+        default=0,
+        ge=0,
+        description="Computing again the steps lost since the last checkpoint, at each failure.",
+    )
+
+
+class GoodputStatus(_Model):
+    """What the job's failures cost: productive time against wall time."""
+
+    ratio: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="`productiveSeconds` / `wallSeconds`: the job's goodput (Meta's effective "
+        "training time ratio).",
+    )
+    wall_seconds: float = Field(
+        default=0, ge=0, description="Since the job started, until now or its end."
+    )
+    productive_seconds: float = Field(
+        default=0, ge=0, description="Wall time less every cause of `lostSeconds`."
+    )
+    lost_seconds: BadputSeconds = Field(
+        default_factory=BadputSeconds, description="Wall time that trained nothing, by cause."
+    )
 
 
 class Condition(_Model):
@@ -1379,6 +1509,14 @@ class GangJobStatus(_Model):
         default=None,
         description="The restart mode in effect: `spec.restart.mode`, or the mode fallen back "
         "to when the cluster cannot honour it.",
+    )
+    progress: ProgressStatus | None = Field(
+        default=None,
+        description="The gang's training progress; unset until a trainer reports.",
+    )
+    goodput: GoodputStatus | None = Field(
+        default=None,
+        description="What the job's failures cost, once it has run (see Goodput).",
     )
     avoid_nodes: list[str] | None = Field(
         default=None,

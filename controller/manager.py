@@ -188,6 +188,8 @@ class Manager:
     # -- event handlers: map a change to the GangJob keys it concerns ---------------------
     def _on_job(self, event: StoreEvent) -> None:
         self.arrivals.job_changed(event.key)
+        if event.type == "DELETED":
+            metrics.forget_job(*event.key.split("/", 1))
         self._enqueue(event.key)
 
     def _pod_job(self, namespace: str, pod: str) -> str | None:

@@ -172,6 +172,27 @@ class Outcome:
     """Observe + plan: the pass's own CPU work, which grows with the gang (no awaits in it)."""
 
 
+def _report_progress(job: GangJob, decided: Plan) -> None:
+    """The job's progress and goodput gauges, and the lost time this pass's write added."""
+    ns, name = job.metadata.namespace, job.metadata.name
+    status = decided.status
+    if status.progress is not None and status.progress.step is not None:
+        metrics.PROGRESS_STEP.labels(ns, name).set(status.progress.step)
+        if status.progress.steps_per_second is not None:
+            metrics.STEPS_PER_SECOND.labels(ns, name).set(status.progress.steps_per_second)
+    if status.goodput is None:
+        return
+    if status.goodput.ratio is not None:
+        metrics.GOODPUT_RATIO.labels(ns, name).set(status.goodput.ratio)
+    before = job.status.goodput.lost_seconds if job.status.goodput is not None else None
+    for cause in metrics.BADPUT_CAUSES:
+        added = getattr(status.goodput.lost_seconds, cause) - (
+            getattr(before, cause) if before is not None else 0.0
+        )
+        if added > 0:
+            metrics.BADPUT_SECONDS.labels(cause).inc(added)
+
+
 def joined(what: str, errors: Sequence[BaseException]) -> BaseException:
     """One exception that carries every error of a set of parallel writes, as Go's
     `errors.Join`: the error itself if there is one, else an ExceptionGroup of them all (a
@@ -359,6 +380,10 @@ class Reconciler:
         # Events, metrics and spans only once the status they describe is stored: a failed
         # write raises, and the next pass plans (and reports) the same restart again.
         self._report(job, decided)
+        if out.status_written:
+            # The lost time counted is what the stored status adds: a deferred or failed write
+            # is planned again, and must not be counted twice.
+            _report_progress(job, decided)
         for ev in events:
             await self._event(job, ev)
         out.events = list(events)

@@ -26,7 +26,7 @@ from api.v1alpha1 import (
     RestartMode,
     Role,
 )
-from controller.policy.views import ContainerView, NodeView, PodView
+from controller.policy.views import ContainerView, NodeView, PodView, WorkerProgress
 
 POD_FAILED: Final = "Failed"
 POD_SUCCEEDED: Final = "Succeeded"
@@ -85,6 +85,10 @@ class Failure:
     """`Unhealthy` / `Unknown` if a device of the worker has that health."""
     node_name: str | None = None
     node_conditions: Mapping[str, str] = field(default_factory=dict)
+    onset_at: datetime | None = None
+    """When the failure began, where the signal says (a hang: the stalled step's time)."""
+    trainer_state: str | None = None
+    """A hang: the trainer's process state, as its agent saw it (`TRAINER_STATES`)."""
     in_place: bool = True
     """False: the worker cannot restart in place (its pod failed, is going, or its trainer's
     container is dead in `Process` mode): it is recreated whatever the action."""
@@ -130,6 +134,9 @@ class Context:
     """Node conditions the rules list: on a worker's node, a device failure."""
     watch_unknown_devices: bool = False
     """A rule matches `onDeviceHealth: Unknown`: such devices are a failure too."""
+    hang_seconds: int | None = None
+    """`spec.progress.hangSeconds`: a worker whose agent reports its trainer stalled has hung.
+    None: hangs are not detected."""
 
     @classmethod
     def of(
@@ -149,6 +156,7 @@ class Context:
             barrier_opened_at=barrier_opened_at,
             node_conditions=[m for r in rules for m in r.on_node_conditions or ()],
             watch_unknown_devices=any(r.on_device_health is DeviceHealth.UNKNOWN for r in rules),
+            hang_seconds=job.spec.progress.hang_seconds,
         )
 
 
@@ -357,6 +365,34 @@ def _durable_exit(s: _Signals, ctx: Context, container: ContainerView) -> None:
         return
 
 
+TRAINER_STATES: Final[Mapping[str, str]] = {
+    "R": "running",
+    "S": "sleeping",
+    "D": "in uninterruptible sleep",
+    "T": "stopped",
+    "t": "stopped by a tracer",
+    "Z": "a zombie",
+}
+"""The process states of /proc/<pid>/stat, as a hang's detail names them."""
+
+
+def hang_detail(progress: WorkerProgress, hang_seconds: int) -> str:
+    step = "no step" if progress.step is None else f"no step past {progress.step}"
+    state = TRAINER_STATES.get(progress.trainer_state or "", "")
+    return f"{step} for {hang_seconds}s or more" + (f"; its trainer is {state}" if state else "")
+
+
+def _hang_signal(s: _Signals, ctx: Context, pod: PodView, node: NodeView | None) -> None:
+    # The agent judges the stall (it counts from its trainer's first report of the epoch, after
+    # the barrier opened): before the barrier, the barrier's own timeout applies.
+    progress = pod.progress
+    if ctx.hang_seconds is None or not ctx.barrier_open or pod.terminating:
+        return
+    if progress is None or progress.epoch != ctx.epoch or not progress.stalled:
+        return
+    s.add(FailureClass.HANG, hang_detail(progress, ctx.hang_seconds))
+
+
 def _pod_end_signals(s: _Signals, ctx: Context, pod: PodView, node: NodeView | None) -> None:
     if not pod.terminating:
         # A pod being deleted has its containers killed: their exits are the deletion's.
@@ -374,6 +410,7 @@ SIGNALS: Final[tuple[Signal, ...]] = (
     _node_signals,
     _device_signals,
     _disruption_signal,
+    _hang_signal,
     _pod_end_signals,
 )
 """Every signal `detect` reads on a worker; the class it finds is a row of
@@ -447,8 +484,16 @@ def detect(ctx: Context, rank: int, pod: PodView, node: NodeView | None) -> Fail
         device_health=_device_health(pod),
         node_name=pod.node_name,
         node_conditions=dict(node.conditions) if node is not None else {},
+        onset_at=_onset(primary, pod),
+        trainer_state=pod.progress.trainer_state if pod.progress is not None else None,
         in_place=not _cannot_restart_in_place(ctx, pod),
     )
+
+
+def _onset(primary: FailureClass, pod: PodView) -> datetime | None:
+    if primary is FailureClass.HANG and pod.progress is not None:
+        return pod.progress.last_step_at
+    return None
 
 
 def _pod_failed_detail(pod: PodView) -> str:
@@ -514,6 +559,8 @@ def rule_matches(rule: FailurePolicyRule, failure: Failure, trainer: str) -> boo
         return rule.on_device_health in failure.device_health
     if rule.on_node_conditions is not None:
         return any(failure.node_conditions.get(m.type) == m.status for m in rule.on_node_conditions)
+    if rule.on_failure_classes is not None:
+        return failure.failure_class in rule.on_failure_classes
     return False
 
 

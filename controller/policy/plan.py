@@ -22,9 +22,11 @@ from typing import Final
 
 from controller.policy import (
     failure,
+    hang,
     lifecycle,
     manual,
     mode,
+    progress,
     recreate,
     restart,
     roles,
@@ -71,6 +73,7 @@ STEPS: Final[tuple[PlanStep, ...]] = (
     success.complete,
     recreate.delete_recreated,
     failure.classify_failures,
+    hang.settle,
     failure.fail_by_policy,
     restart.restart,
     manual.manual_restart,
@@ -103,5 +106,6 @@ def plan(observed: Observed, config: PlanConfig = _DEFAULT_CONFIG) -> Plan:
     for step in STEPS:
         if step(p):
             break
+    progress.account(p)
     p.finish_status(roles.statuses(p))
     return p.plan()

@@ -23,7 +23,7 @@ from api.v1alpha1 import (
     RestartRecord,
     RestartTrigger,
 )
-from controller.policy import classify, recreate
+from controller.policy import classify, hang, progress, recreate
 from controller.policy.classify import Decision
 from controller.policy.failure import restarting_decisions
 from controller.policy.passstate import EventSpec, Pass, worker_text
@@ -57,21 +57,34 @@ def restart(p: Pass) -> bool:
 def _bump(p: Pass, restarting: list[Decision], counted: bool) -> None:
     trigger = classify.lowest(restarting)
     assert trigger is not None
-    detail = trigger.failure.detail
-    if len(restarting) > 1:
-        detail += f" ({len(restarting)} workers failed)"
-    cause = RestartTrigger(
-        worker=trigger.worker,
-        failure_class=trigger.failure_class,
-        detail=detail,
-        action=trigger.action,
-    )
-    bump(p, cause, restarting, counted)
+    cause = hang.blame(restarting)
+    if cause is None:
+        detail = trigger.failure.detail
+        if len(restarting) > 1:
+            detail += f" ({len(restarting)} workers failed)"
+        cause = RestartTrigger(
+            worker=trigger.worker,
+            failure_class=trigger.failure_class,
+            detail=detail,
+            action=trigger.action,
+        )
+    blamed = next((d for d in restarting if d.worker == cause.worker), trigger)
+    onsets = [d.failure.onset_at for d in restarting if d.failure.onset_at is not None]
+    onset = blamed.failure.onset_at or (min(onsets) if onsets else None)
+    bump(p, cause, restarting, counted, onset_at=onset)
 
 
-def bump(p: Pass, trigger: RestartTrigger, restarting: list[Decision], counted: bool) -> None:
-    """Raises the epoch by one for `trigger`: the restart record, the workers `restarting`
-    recreates deleted, the counts, the condition and the Event."""
+def bump(
+    p: Pass,
+    trigger: RestartTrigger,
+    restarting: list[Decision],
+    counted: bool,
+    *,
+    onset_at: datetime | None = None,
+) -> None:
+    """Raises the epoch by one for `trigger`: the restart record (with what the failure lost,
+    from `onset_at`), the workers `restarting` recreates deleted, the counts, the condition and
+    the Event."""
     epoch = p.status.epoch + 1
     recreated = recreate.to_recreate(p, restarting)
     for rank in sorted(recreated):
@@ -87,9 +100,11 @@ def bump(p: Pass, trigger: RestartTrigger, restarting: list[Decision], counted: 
         counted=counted or None,
         **recreate.recreated_fields(recreated, len(p.job.spec.workers)),
     )
+    record = progress.on_restart(p, record, onset_at)
     if p.status.last_restart is not None and p.status.last_restart.barrier_open_at is None:
         # Superseded before its barrier opened: the history keeps it, unfinished.
         p.status.history.append(p.status.last_restart)
+        progress.on_superseded(p, p.status.last_restart)
     p.status.last_restart = record
     p.status.epoch = epoch
     r = p.status.restarts

@@ -196,6 +196,31 @@ def _has_restart_rules(spec: Mapping[str, Any]) -> bool:
 
 
 @dataclass(frozen=True)
+class WorkerProgress:
+    """What a worker's agent last said of its trainer's progress at one epoch (docs/design.md
+    section 4.7), its times on the controller's clock (the agent sends ages, which the
+    controller turns into times when a report arrives, so agents' clocks never meet)."""
+
+    epoch: int
+    step: int | None
+    """The trainer's latest step at `epoch`; None: it has not reported one."""
+    steps_per_second: float | None = None
+    checkpoint: int | None = None
+    """The latest step it reported durably checkpointed."""
+    compute_seconds: float | None = None
+    """Its own compute in its latest step, without waiting for other ranks."""
+    last_step_at: datetime | None = None
+    """When `step` last advanced."""
+    stalled: bool = False
+    """The agent found no advance for `spec.progress.hangSeconds` while the trainer ran."""
+    trainer_state: str | None = None
+    """The trainer's process state when the agent found it stalled (`R`, `S`, `D`, `T`, `Z`,
+    as /proc shows it); None where the agent cannot see it."""
+    malformed: int = 0
+    """Lines of its progress file the agent could not read, since it started."""
+
+
+@dataclass(frozen=True)
 class PodView:
     """What the controller's policy reads of a worker Pod."""
 
@@ -241,6 +266,9 @@ class PodView:
     finalizers: tuple[str, ...] = ()
     """`metadata.finalizers`."""
     resource_version: str | None = None
+    progress: WorkerProgress | None = None
+    """Not read from the pod: the training progress its agent last reported to the controller
+    (controller.arrivals)."""
     restarted: bool = False
     """Not read from the pod: the controller's arrival book proved that the agent which reported
     `arrived_epoch` started after the pod's restart to it (controller.arrivals.book), so the

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from typing import Final
 
 from prometheus_client import (
     CollectorRegistry,
@@ -171,6 +172,41 @@ EPOCH = Gauge(
     ["namespace", "name"],
     registry=REGISTRY,
 )
+PROGRESS_STEP = Gauge(
+    "gangjob_progress_step",
+    "The GangJob's status.progress.step: the lowest training step its workers reported",
+    ["namespace", "name"],
+    registry=REGISTRY,
+)
+STEPS_PER_SECOND = Gauge(
+    "gangjob_steps_per_second",
+    "The GangJob's status.progress.stepsPerSecond",
+    ["namespace", "name"],
+    registry=REGISTRY,
+)
+GOODPUT_RATIO = Gauge(
+    "gangjob_goodput_ratio",
+    "The GangJob's status.goodput.ratio: productive time / wall time since it started",
+    ["namespace", "name"],
+    registry=REGISTRY,
+)
+BADPUT_SECONDS = Counter(
+    "gangjob_badput_seconds_total",
+    "Wall time of all GangJobs that trained nothing, by cause (status.goodput.lostSeconds)",
+    ["cause"],
+    registry=REGISTRY,
+)
+BADPUT_CAUSES: Final = ("scheduling", "detection", "restart", "recompute")
+PER_JOB: Final = (EPOCH, PROGRESS_STEP, STEPS_PER_SECOND, GOODPUT_RATIO)
+"""The series labelled by one GangJob, removed with it (`forget_job`)."""
+
+
+def forget_job(namespace: str, name: str) -> None:
+    """Drops a deleted GangJob's series: a cluster that runs thousands of jobs over time must
+    not export them all for ever."""
+    for gauge in PER_JOB:
+        with suppress(KeyError):
+            gauge.remove(namespace, name)
 
 
 def render(registry: CollectorRegistry = REGISTRY) -> bytes:

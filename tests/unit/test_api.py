@@ -102,6 +102,7 @@ SAMPLE: dict[str, Any] = {
         "successPolicy": "Rank0",
         "suspend": False,
         "ttlSecondsAfterFinished": 3600,
+        "progress": {"hangSeconds": 60},
         "masterPort": 23456,
     },
     "status": {

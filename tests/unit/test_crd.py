@@ -182,6 +182,7 @@ def test_wire_names_of_the_design() -> None:
         "onPodConditions",
         "onDeviceHealth",
         "onNodeConditions",
+        "onFailureClasses",
         "countsTowardsMaxRestarts",
         "roles",
     ]

@@ -41,6 +41,7 @@ def test_a_request_at_the_gangs_epoch_restarts_it_once_in_place() -> None:
             action=FailureAction.RESTART_GANG,
         ),
         detected_at=GANG_NOW,
+        onset_at=GANG_NOW,
         recreated=[],
     )
     assert result.delete_pods == []

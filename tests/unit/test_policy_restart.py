@@ -57,6 +57,7 @@ def test_a_crash_restarts_the_gang_in_place_at_the_next_epoch() -> None:
             action=FailureAction.RESTART_GANG,
         ),
         detected_at=GANG_NOW,
+        onset_at=GANG_NOW,
         recreated=[],
         counted=True,
     )

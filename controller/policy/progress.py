@@ -1,0 +1,180 @@
+"""The gang's training progress and what its failures cost (docs/design.md section 4.8), pure:
+`status.progress` from what the workers' agents report, written at most every
+`PROGRESS_WRITE_SECONDS` and at each restart; what a failure lost, stamped on its restart
+record; and `status.goodput`, productive time against wall time, with the lost time by cause.
+
+Definitions (docs/api.md "Goodput"): wall time runs from `status.startTime` to now (or the
+job's end). Lost time is `scheduling` (start -> the first barrier opened), and for each
+restart `detection` (the failure's onset -> the epoch raised), `restart` (epoch raised ->
+barrier open) and `recompute` (the steps since the last checkpoint, at the gang's step rate
+before the failure). Productive time is the rest; goodput is productive / wall.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Final
+
+from api.v1alpha1 import BadputSeconds, GoodputStatus, ProgressStatus, RestartRecord
+from controller.policy.passstate import Pass
+from controller.policy.views import WorkerProgress
+
+PROGRESS_WRITE_SECONDS: Final = 30.0
+"""`status.progress` and `status.goodput` are written at most this often while the gang runs
+(and at each restart): every GangJob write is sent to every agent."""
+
+
+def reports(p: Pass) -> list[WorkerProgress]:
+    """The progress of the running roles' live workers at the pass's epoch."""
+    found = []
+    for rank in p.active():
+        pod = p.gang.live.get(rank)
+        progress = pod.progress if pod is not None else None
+        if progress is not None and progress.epoch == p.status.epoch:
+            found.append(progress)
+    return found
+
+
+def gang_progress(found: Sequence[WorkerProgress], now: datetime) -> ProgressStatus | None:
+    """The gang's progress: its lowest step (a synchronous gang is where its slowest worker is),
+    the median step rate, and the checkpoint every reporting worker has."""
+    steps = [w.step for w in found if w.step is not None]
+    if not steps:
+        return None
+    rates = [w.steps_per_second for w in found if w.steps_per_second is not None]
+    checkpoints = [w.checkpoint for w in found]
+    return ProgressStatus(
+        step=min(steps),
+        steps_per_second=round(statistics.median(rates), 4) if rates else None,
+        checkpoint_step=(
+            min(c for c in checkpoints if c is not None)
+            if all(c is not None for c in checkpoints)
+            else None
+        ),
+        reporting=len(steps),
+        updated_at=now,
+    )
+
+
+def lost_work(
+    progress: ProgressStatus | None,
+) -> tuple[int | None, int | None, int | None, float | None]:
+    """(step, checkpoint step, lost steps, lost seconds) of a gang failing at `progress`."""
+    if progress is None or progress.step is None:
+        return None, None, None, None
+    checkpoint = progress.checkpoint_step
+    lost = progress.step - checkpoint if checkpoint is not None else progress.step
+    lost = max(0, lost)
+    rate = progress.steps_per_second
+    seconds = round(lost / rate, 3) if rate else None
+    return progress.step, checkpoint, lost, seconds
+
+
+def on_restart(p: Pass, record: RestartRecord, onset_at: datetime | None) -> RestartRecord:
+    """The restart record of a failure, with what it lost: the gang's step and checkpoint as
+    last known (this pass's reports, else the status), and when the failure began."""
+    current = gang_progress(reports(p), p.stamp) or p.status.progress
+    step, checkpoint, lost_steps, lost_seconds = lost_work(current)
+    return record.model_copy(
+        update={
+            "onset_at": onset_at or record.detected_at,
+            "step": step,
+            "checkpoint_step": checkpoint,
+            "lost_steps": lost_steps,
+            "lost_seconds": lost_seconds,
+        }
+    )
+
+
+def account(p: Pass) -> None:
+    """`status.progress` and `status.goodput`, refreshed at each restart and barrier, when the
+    job ends, and while trainers report at most every `PROGRESS_WRITE_SECONDS` (the pass looks
+    again then). Runs after every step, the passes that end early included."""
+    s = p.status
+    observed = p.observed.job.status
+    if s.start_time is None or observed.completion_time is not None:
+        return
+    first = observed.barrier_epoch is None and s.barrier_epoch is not None
+    event = bool(p.restart_started or p.restart_finished or first or p.is_finished())
+    if first or p.restart_finished is not None:
+        s.goodput = _charged(p, s.goodput or GoodputStatus(), first=first)
+    current = gang_progress(reports(p), p.stamp)
+    last = s.progress.updated_at if s.progress is not None else None
+    elapsed = None if last is None else (p.stamp - last).total_seconds()
+    due = current is not None and (elapsed is None or elapsed >= PROGRESS_WRITE_SECONDS)
+    if current is not None and (event or due):
+        s.progress = current
+    if event or due:
+        s.goodput = _totals(p, s.goodput or GoodputStatus())
+    if current is not None and not p.is_finished():
+        since = 0.0 if due or event or elapsed is None else elapsed
+        p.requeue(max(1.0, PROGRESS_WRITE_SECONDS - since))
+
+
+def on_superseded(p: Pass, old: RestartRecord) -> None:
+    """A restart superseded before its barrier opened never finishes: what it cost until the
+    one that supersedes it is charged now (that one counts from its own detection)."""
+    goodput = p.status.goodput or GoodputStatus()
+    lost = goodput.lost_seconds
+    onset = old.onset_at or old.detected_at
+    p.status.goodput = goodput.model_copy(
+        update={
+            "lost_seconds": lost.model_copy(
+                update={
+                    "detection": round(lost.detection + _seconds(onset, old.detected_at), 3),
+                    "restart": round(lost.restart + _seconds(old.detected_at, p.now), 3),
+                    "recompute": round(lost.recompute + (old.lost_seconds or 0.0), 3),
+                }
+            )
+        }
+    )
+
+
+def _charged(p: Pass, goodput: GoodputStatus, *, first: bool) -> GoodputStatus:
+    """The lost time of what this pass finished: the first barrier's scheduling (a restart
+    before it is part of it), or the restart whose barrier opened."""
+    lost = goodput.lost_seconds
+    s = p.status
+    done = p.restart_finished
+    if first and s.start_time is not None and s.barrier_opened_at is not None:
+        scheduling = _seconds(s.start_time, s.barrier_opened_at)
+        lost = lost.model_copy(update={"scheduling": round(scheduling, 3)})
+    elif done is not None and done.barrier_open_at is not None:
+        onset = done.onset_at or done.detected_at
+        lost = BadputSeconds(
+            scheduling=lost.scheduling,
+            detection=round(lost.detection + _seconds(onset, done.detected_at), 3),
+            restart=round(lost.restart + _seconds(done.detected_at, done.barrier_open_at), 3),
+            recompute=round(lost.recompute + (done.lost_seconds or 0.0), 3),
+        )
+    return goodput.model_copy(update={"lost_seconds": lost})
+
+
+def _totals(p: Pass, goodput: GoodputStatus) -> GoodputStatus:
+    """Wall and productive time up to now (or the end), and their ratio. A restart still in
+    progress counts as lost up to now, though its record is charged only when it finishes."""
+    s = p.status
+    assert s.start_time is not None
+    end = s.completion_time or p.stamp
+    wall = max(0.0, (end - s.start_time).total_seconds())
+    lost = goodput.lost_seconds
+    spent = lost.scheduling + lost.detection + lost.restart + lost.recompute
+    last = s.last_restart
+    if last is not None and last.barrier_open_at is None and s.completion_time is None:
+        spent += _seconds(last.onset_at or last.detected_at, p.stamp)
+    if s.barrier_epoch is None:
+        spent = wall  # nothing has run yet
+    productive = max(0.0, wall - spent)
+    return goodput.model_copy(
+        update={
+            "wall_seconds": round(wall, 3),
+            "productive_seconds": round(productive, 3),
+            "ratio": round(productive / wall, 4) if wall > 0 else None,
+        }
+    )
+
+
+def _seconds(since: datetime, until: datetime) -> float:
+    return max(0.0, (until - since).total_seconds())
