@@ -39,6 +39,8 @@ def restart_rows(status: Mapping[str, Any]) -> list[list[str]]:
         trigger = r.get("trigger") or {}
         worker = trigger.get("worker")
         duration = r.get("durationSeconds")
+        lost = r.get("lostSteps")
+        lost_seconds = r.get("lostSeconds")
         rows.append(
             [
                 _text(r.get("epoch")),
@@ -47,10 +49,40 @@ def restart_rows(status: Mapping[str, Any]) -> list[list[str]]:
                 _text(trigger.get("action")),
                 _text(r.get("detectedAt")),
                 "in progress" if duration is None else f"{duration:.2f}s",
+                _text(lost) if lost_seconds is None else f"{lost} ({lost_seconds:.0f}s)",
                 _text(trigger.get("detail")),
             ]
         )
     return rows
+
+
+def progress_lines(status: Mapping[str, Any]) -> list[str]:
+    """The gang's step, rate and last checkpoint, and its goodput with the lost time by cause;
+    nothing for a job whose trainers report no progress."""
+    lines = []
+    progress = status.get("progress") or {}
+    if progress.get("step") is not None:
+        rate = progress.get("stepsPerSecond")
+        lines.append(
+            f"Progress: step {progress['step']}"
+            + (f" at {rate:.2f} steps/s" if rate is not None else "")
+            + f", last checkpoint {_text(progress.get('checkpointStep'))}"
+            + f" ({progress.get('reporting', 0)} workers reporting,"
+            + f" as of {_text(progress.get('updatedAt'))})"
+        )
+    goodput = status.get("goodput") or {}
+    if goodput.get("ratio") is not None:
+        lost = goodput.get("lostSeconds") or {}
+        causes = ", ".join(
+            f"{cause} {float(lost.get(cause, 0)):.0f}s"
+            for cause in ("scheduling", "detection", "restart", "recompute")
+        )
+        lines.append(
+            f"Goodput: {100 * goodput['ratio']:.1f}% "
+            f"({float(goodput.get('productiveSeconds', 0)):.0f}s productive of "
+            f"{float(goodput.get('wallSeconds', 0)):.0f}s; lost: {causes})"
+        )
+    return lines
 
 
 def status_lines(job: Mapping[str, Any]) -> list[str]:
@@ -76,6 +108,7 @@ def status_lines(job: Mapping[str, Any]) -> list[str]:
         ],
     )
     lines.append("")
+    lines += progress_lines(status)
     lines.append(
         f"Restarts: {restarts.get('total', 0)} ({restarts.get('inPlace', 0)} in place, "
         f"{restarts.get('counted', 0)} counted, "
@@ -83,6 +116,6 @@ def status_lines(job: Mapping[str, Any]) -> list[str]:
     )
     rows = restart_rows(status)
     if rows:
-        header = ["EPOCH", "TRIGGER", "CLASS", "ACTION", "DETECTED", "DURATION", "DETAIL"]
+        header = ["EPOCH", "TRIGGER", "CLASS", "ACTION", "DETECTED", "DURATION", "LOST", "DETAIL"]
         lines += table(header, rows)
     return lines

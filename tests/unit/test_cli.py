@@ -94,9 +94,38 @@ def test_status_lines_show_the_state_and_every_restart() -> None:
     assert lines[1].split() == ["llm", "Restarting", "2", "1", "2/2", "1/2", "2/2", "Pod"]
     assert lines[3] == "Restarts: 2 (2 in place, 1 counted, 0 workers recreated)"
     assert lines[5].split() == ["1", "worker", "1", "ProcessExit", "RestartGang", "t1", "1.23s",
-                                "code", "1"]  # fmt: skip
+                                "-", "code", "1"]  # fmt: skip
     assert lines[6].split() == ["2", "gang", "ManualRestart", "RestartGang", "t2", "in",
-                                "progress", "-"]  # fmt: skip
+                                "progress", "-", "-"]  # fmt: skip
+
+
+def test_status_lines_show_progress_goodput_and_the_work_a_restart_lost() -> None:
+    trigger = {"worker": 3, "class": "Hang", "detail": "no step past 41", "action": "RestartGang"}
+    done = {"epoch": 1, "trigger": trigger, "detectedAt": "t1", "durationSeconds": 2.0,
+            "lostSteps": 41, "lostSeconds": 20.5}  # fmt: skip
+    job = {
+        "metadata": {"name": "llm"},
+        "spec": {"replicas": 4},
+        "status": {
+            "phase": "Running", "epoch": 1, "barrierEpoch": 1,
+            "restarts": {"total": 1, "counted": 1, "inPlace": 1},
+            "history": [done], "lastRestart": done,
+            "progress": {"step": 120, "stepsPerSecond": 2.0, "checkpointStep": 100,
+                         "reporting": 4, "updatedAt": "t9"},
+            "goodput": {"ratio": 0.9, "wallSeconds": 300, "productiveSeconds": 270,
+                        "lostSeconds": {"scheduling": 10, "detection": 7, "restart": 2,
+                                        "recompute": 11}},
+        },
+    }  # fmt: skip
+    lines = status_lines(job)
+    assert lines[3] == (
+        "Progress: step 120 at 2.00 steps/s, last checkpoint 100 (4 workers reporting, as of t9)"
+    )
+    assert lines[4] == (
+        "Goodput: 90.0% (270s productive of 300s; lost: scheduling 10s, detection 7s, "
+        "restart 2s, recompute 11s)"
+    )
+    assert lines[7].split()[:8] == ["1", "worker", "3", "Hang", "RestartGang", "t1", "2.00s", "41"]
 
 
 def test_status_of_a_new_job() -> None:
