@@ -12,7 +12,11 @@ Process mode, else the file $GANGJOB_DIR/epoch the agent writes when the barrier
   at all), chosen by rank 0 and broadcast so every rank loads the same one;
 - trains a tiny regression model for TRAIN_STEPS steps, checkpointing every CHECKPOINT_EVERY
   steps and logging `epoch=.. rank=.. step=.. loss=..` for each. Beside the checkpoints,
-  `latest.json` tells the step, the epoch and the step this epoch resumed from.
+  `latest.json` tells the step, the epoch and the step this epoch resumed from;
+- reports each step to GangJob with the helper the agent puts on its path (`gangjob_progress`:
+  the step, this rank's own compute time in it, the last checkpoint), so that the controller
+  sees a hung rank and counts what a restart cost (docs/api.md "Progress"). Outside a GangJob
+  the helper is absent and nothing is reported.
 
 Settings (env): TRAIN_STEPS (60), CHECKPOINT_EVERY (5), STEP_SECONDS (0.2: a pause per step that
 stands in for real work, so a demo can be watched), CHECKPOINT_DIR (/checkpoints/$GANGJOB_NAME),
@@ -33,6 +37,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+
+try:
+    import gangjob_progress  # on the path the GangJob agent gives the trainer
+except ImportError:  # not run by GangJob
+    gangjob_progress = None
 
 FEATURES = 16
 BATCH = 32
@@ -188,9 +197,13 @@ def main() -> int:
     ddp = DistributedDataParallel(model)
     true_w = torch.arange(FEATURES, dtype=torch.float32).unsqueeze(1) / FEATURES
 
+    checkpointed = start
     for step in range(start + 1, steps + 1):
+        began = time.perf_counter()
         x, y = batch(step, rank, true_w)
         loss = nn.functional.mse_loss(ddp(x), y)
+        time.sleep(pause)  # stands in for the real work of a step
+        compute = time.perf_counter() - began  # this rank's own work, before the all-reduce
         loss.backward()  # gradients are all-reduced over gloo here
         opt.step()
         log(epoch, rank, f"step={step} loss={loss.item():.5f}")
@@ -199,7 +212,9 @@ def main() -> int:
                 save_checkpoint(ckpt_dir, step, epoch, start, model, opt)
                 log(epoch, rank, f"checkpoint step={step}")
             dist.barrier()  # no rank runs ahead of a checkpoint it might need to resume from
-        time.sleep(pause)
+            checkpointed = step
+        if gangjob_progress is not None:
+            gangjob_progress.step(step, compute=compute, checkpoint=checkpointed)
 
     log(epoch, rank, f"training done at step={steps}")
     dist.destroy_process_group()
