@@ -8,9 +8,9 @@ import contextlib
 import sys
 from typing import TextIO
 
+from api.naming import pod_name
 from api.v1alpha1 import parse_gangjob
 from controller.k8s import GANGJOBS, PODS, ApiError, JsonDict, Kube, NotFound
-from controller.policy.podspec import pod_name
 
 TERMINAL = ("Succeeded", "Failed")
 """The phases of a job that has ended."""

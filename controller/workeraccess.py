@@ -18,7 +18,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from api.constants import WORKER_ROLE_FILE, WORKER_SERVICE_ACCOUNT
 from controller.k8s import (
@@ -29,6 +29,7 @@ from controller.k8s import (
     Forbidden,
     JsonDict,
     NotFound,
+    ObjectApi,
     ResourceKind,
 )
 
@@ -53,20 +54,6 @@ WORKER_PERMISSIONS: Final = (
 )
 """(verb, API group, resource): what a worker's agent does with the API, as the ClusterRole
 `gangjob-worker` grants it (manifests/rbac/worker_role.yaml)."""
-
-
-class Creator(Protocol):
-    """The one verb needed of `controller.k8s.Kube`."""
-
-    async def create(
-        self,
-        kind: ResourceKind,
-        obj: JsonDict,
-        namespace: str | None = None,
-        *,
-        request_timeout: float | None = None,
-        retry: bool = True,
-    ) -> JsonDict: ...
 
 
 def service_account(namespace: str) -> JsonDict:
@@ -111,7 +98,7 @@ class WorkerAccess:
     def done(self, namespace: str) -> bool:
         return namespace in self._done
 
-    async def ensure(self, kube: Creator, namespace: str) -> None:
+    async def ensure(self, kube: ObjectApi, namespace: str) -> None:
         """Raises the API's error (e.g. `Forbidden` in a namespace being deleted) if either
         object can be neither created nor found to exist."""
         if namespace in self._done:
@@ -137,7 +124,7 @@ class WorkerAccess:
 _PROCESS_WIDE: Final = WorkerAccess()
 
 
-async def ensure_worker_access(kube: Creator, namespace: str) -> None:
+async def ensure_worker_access(kube: ObjectApi, namespace: str) -> None:
     """Make sure `namespace` has the worker ServiceAccount and RoleBinding; free after the
     first success per namespace in this process."""
     await _PROCESS_WIDE.ensure(kube, namespace)
@@ -157,20 +144,6 @@ def missing_service_account(error: ApiError) -> bool:
         and "error looking up service account" in error.message
         and "not found" in error.message
     )
-
-
-class Reader(Creator, Protocol):
-    """The verbs `AccessReview` and `check_worker_role` need of `controller.k8s.Kube`."""
-
-    async def get(
-        self,
-        kind: ResourceKind,
-        name: str,
-        namespace: str | None = None,
-        *,
-        request_timeout: float | None = None,
-        retry: bool = True,
-    ) -> JsonDict: ...
 
 
 def permission_text(permission: tuple[str, str, str]) -> str:
@@ -217,7 +190,7 @@ class AccessReview:
 
     def __init__(
         self,
-        kube: Reader,
+        kube: ObjectApi,
         *,
         ttl: float = 30.0,
         access: WorkerAccess | None = None,
@@ -323,7 +296,7 @@ def missing_permissions(rules: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
     )
 
 
-async def check_worker_role(kube: Reader) -> tuple[str, ...] | None:
+async def check_worker_role(kube: ObjectApi) -> tuple[str, ...] | None:
     """At start-up: logs an error if the ClusterRole `gangjob-worker` is missing or grants
     less than the agents need. Returns what is missing (empty: nothing), None if unknown."""
     try:

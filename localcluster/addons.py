@@ -1,6 +1,6 @@
-"""What the add-on controllers localcluster runs out of cluster (JobSet, Kueue) share: an admin
-request to the cluster's apiserver, whether a CRD is established, and free loopback ports for
-their servers."""
+"""Small helpers for what localcluster adds to a cluster (`localcluster.outofcluster`, JobSet,
+Kueue, the tools): an admin request to the cluster's apiserver, whether a CRD is established, and
+free loopback ports for the servers of a controller run out of cluster."""
 
 from __future__ import annotations
 

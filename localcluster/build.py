@@ -19,10 +19,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from localcluster.versions import (
     ETCD_VERSION,
@@ -183,8 +183,9 @@ def run_logged(
         raise BuildError(f"`{' '.join(cmd[:3])} ...` failed; see {log.name}")
 
 
-def _module_dir(go: str, module: str, log: TextIO) -> tuple[Path, Path]:
-    """Downloads a module through the proxy; returns (source dir, go.mod path)."""
+def download(go: str, module: str, log: TextIO) -> dict[str, Any]:
+    """Downloads `module` (``<path>@<version>``) through the proxy; returns what
+    ``go mod download -json`` says of it (``Dir``: its read-only source, ``GoMod``, ``Origin``)."""
     out = subprocess.run(
         [go, "mod", "download", "-json", module],
         env=go_env(),
@@ -194,8 +195,23 @@ def _module_dir(go: str, module: str, log: TextIO) -> tuple[Path, Path]:
     )
     log.write(out.stdout + out.stderr)
     if out.returncode != 0:
-        raise BuildError(f"cannot download {module} from the Go module proxy: {out.stderr}")
-    info = json.loads(out.stdout)
+        raise BuildError(f"cannot download {module} from the Go module proxy: {out.stderr.strip()}")
+    info: dict[str, Any] = json.loads(out.stdout)
+    return info
+
+
+def writable_source(info: Mapping[str, Any], dest: Path) -> Path:
+    """A writable copy of a downloaded module's source at `dest` (the module cache is
+    read-only; a build there may update go.sum, and a patch must write): `dest`."""
+    shutil.copytree(info["Dir"], dest)
+    for p in [dest, *dest.rglob("*")]:
+        p.chmod(p.stat().st_mode | 0o200)
+    return dest
+
+
+def _module_dir(go: str, module: str, log: TextIO) -> tuple[Path, Path]:
+    """Downloads a module through the proxy; returns (source dir, go.mod path)."""
+    info = download(go, module, log)
     return Path(info["Dir"]), Path(info["GoMod"])
 
 
@@ -232,10 +248,14 @@ def install_binary(src: Path, dest: Path) -> None:
 
 
 @contextmanager
-def build_lock() -> Iterator[None]:
-    """One build at a time per cache (tests and a user's `make` may start together)."""
+def build_lock(component: str = "") -> Iterator[None]:
+    """One build at a time per cache (tests and a user's `make` may start together). A
+    `component` built apart (JobSet, Kueue, helm) has a lock of its own: a Kubernetes build holds
+    the cache's for half an hour, and the builds share nothing but Go's caches, which are safe to
+    use concurrently."""
     (cache_root() / "build").mkdir(parents=True, exist_ok=True)
-    with open(cache_root() / "build" / ".lock", "w") as fh:
+    name = f".{component}.lock" if component else ".lock"
+    with open(cache_root() / "build" / name, "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield

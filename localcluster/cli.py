@@ -98,14 +98,14 @@ def main(argv: list[str] | None = None) -> int:
             if not built:
                 print(f"all binaries cached in {cache_root()}", file=sys.stderr)
             if args.jobset:
-                path = jobset.ensure_built(sys.stderr, force=args.force)
-                print(f"{'jobset-controller':24} {jobset.binary_path().parent.name:8} {path}")
+                path = jobset.CONTROLLER.ensure_built(sys.stderr, force=args.force)
+                print(f"{'jobset-controller':24} {jobset.CONTROLLER.version:8} {path}")
             if args.helm:
                 path = helm.ensure_built(sys.stderr)
                 print(f"{'helm':24} {helm.binary_path().parent.name:8} {path}")
             if args.kueue:
-                path = kueue.ensure_built(sys.stderr, force=args.force)
-                print(f"{'kueue-manager':24} {kueue.binary_path().parent.name:8} {path}")
+                path = kueue.MANAGER.ensure_built(sys.stderr, force=args.force)
+                print(f"{'kueue-manager':24} {kueue.MANAGER.version:8} {path}")
             return 0
         if args.cmd == "up":
             cluster = Cluster(args.name or args.profile)

@@ -1,24 +1,21 @@
 """The pinned `helm` (helm.sh/helm/v3), built from the Go module proxy into the cache, and run
 against a local cluster: what the tests of `charts/gangjob` render and install the chart with.
 
-`ensure_built` builds it once, like `localcluster.jobset` builds its peer (the module's own
-source, downloaded at the pinned version; `go install` would ask the proxy for the version
-list). `helm(...)` runs it with the cluster's admin kubeconfig and with its cache, config and
-data directories inside the cluster's state, so nothing of a user's own helm setup is read or
-written.
+`ensure_built` builds it once, as `localcluster.outofcluster` builds JobSet and Kueue (the
+module's own source, downloaded at the pinned version; `go install` would ask the proxy for the
+version list). `helm(...)` runs it with the cluster's admin kubeconfig and with its cache,
+config and data directories inside the cluster's state, so nothing of a user's own helm setup
+is read or written.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import json
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
@@ -39,24 +36,12 @@ def binary_path() -> Path:
     return cache_root() / "helm" / HELM_VERSION / "helm"
 
 
-@contextlib.contextmanager
-def _lock() -> Iterator[None]:
-    """One helm build at a time; its own lock, as JobSet's (see `localcluster.jobset._lock`)."""
-    (cache_root() / "build").mkdir(parents=True, exist_ok=True)
-    with open(cache_root() / "build" / ".helm.lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def ensure_built(out: TextIO = sys.stderr) -> Path:
     """Builds helm into the cache unless it is there; returns the binary."""
     if binary_path().exists():
         return binary_path()
     cache_root().mkdir(parents=True, exist_ok=True)
-    with _lock():
+    with buildmod.build_lock("helm"):
         if binary_path().exists():  # built by somebody else while we waited
             return binary_path()
         go = buildmod.check_go()
@@ -66,23 +51,10 @@ def ensure_built(out: TextIO = sys.stderr) -> Path:
             log.write(f"\n=== helm build started {time.strftime('%Y-%m-%dT%H:%M:%S')} ===\n")
             out.write(f"building helm {HELM_VERSION} (log: {logpath})\n")
             out.flush()
-            res = subprocess.run(
-                [go, "mod", "download", "-json", f"{MODULE}@{HELM_VERSION}"],
-                env=buildmod.go_env(),
-                capture_output=True,
-                text=True,
-                cwd=cache_root(),
-            )
-            log.write(res.stdout + res.stderr)
-            if res.returncode != 0:
-                raise HelmError(f"cannot download {MODULE}@{HELM_VERSION}: {res.stderr.strip()}")
-            info = json.loads(res.stdout)
+            info = buildmod.download(go, f"{MODULE}@{HELM_VERSION}", log)
             work = Path(tempfile.mkdtemp(prefix="helm-src-", dir=cache_root() / "build"))
             try:
-                src = work / "src"
-                shutil.copytree(info["Dir"], src)
-                for p in [src, *src.rglob("*")]:
-                    p.chmod(p.stat().st_mode | 0o200)  # the module cache is read-only
+                src = buildmod.writable_source(info, work / "src")
                 commit = str((info.get("Origin") or {}).get("Hash") or "unknown")
                 pkg = f"{MODULE}/internal/version"
                 ldflags = (

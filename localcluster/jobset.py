@@ -1,10 +1,10 @@
 """JobSet (sigs.k8s.io/jobset), the scale benchmark's peer, run out of cluster on a local cluster.
 
 This module owns everything about the peer:
-- building its controller from the Go module proxy into the cache (`ensure_built`), with its
-  CRD manifests kept beside the binary;
-- applying that CRD to a local cluster (`apply_crds`) and running the controller as a process
-  of its own against the cluster's admin kubeconfig (`start_controller` -> `JobSetController`);
+- what it is built from (`CONTROLLER`: the Go module, built into the cache with its CRD
+  manifests beside the binary by `localcluster.outofcluster`);
+- running its controller out of cluster against a local cluster, its CRDs applied
+  (`start_controller` -> `outofcluster.AddonProcess`);
 - JobSet objects as its controller expects them (`jobset_manifest`, `webhook_defaults`), and the
   status patch that fails one of its pods (`failed_pod_status`).
 
@@ -21,30 +21,21 @@ cluster's KWOK stages must skip (`keeps_pods_running` says whether they do).
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import fcntl
-import json
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Literal, TextIO
 
 import yaml
 
-from localcluster import build as buildmod
-from localcluster.addons import admin_request, crd_established, free_ports
+from localcluster import outofcluster
+from localcluster.addons import free_ports
 from localcluster.handle import ClusterHandle
-from localcluster.procs import Proc, launch, stop, tail
-from localcluster.versions import JOBSET_VERSION, cache_root
+from localcluster.outofcluster import Addon, AddonProcess, workdir
+from localcluster.versions import JOBSET_VERSION
 
 JsonDict = dict[str, Any]
 
@@ -65,8 +56,6 @@ KEEP_RUNNING_LABEL = "localcluster.gangjob.io/keep-running"
 it. KWOK completes every Running pod that a Job owns at once, and JobSet's pods are owned by
 Jobs; GangJob's pods are not, so only the peer needs this."""
 
-FIELD_MANAGER = "localcluster-jobset"
-COLD_BUILD_SECONDS = 200  # measured on 2 cores with an empty Go build cache
 DEFAULT_IMAGE = "localhost/busybox:dev"  # never pulled: KWOK runs no containers
 
 
@@ -74,157 +63,20 @@ class JobSetError(RuntimeError):
     """The peer could not be built, installed or started; the message says where to look."""
 
 
-# ---- where it lives in the cache ------------------------------------------------------------
-
-
-def cache_dir() -> Path:
-    """``<cache>/jobset/<version>/``: the controller binary and ``crds/``, like the other
-    components' ``<cache>/<component>/<version>/``."""
-    return cache_root() / "jobset" / JOBSET_VERSION
-
-
-def binary_path() -> Path:
-    return cache_dir() / "jobset-controller"
-
-
-def crd_dir() -> Path:
-    return cache_dir() / "crds"
-
-
-def is_built() -> bool:
-    return binary_path().exists() and any(crd_dir().glob("*.yaml"))
-
-
-# ---- build --------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _lock() -> Iterator[None]:
-    """One JobSet build at a time. Its own lock, not `build.build_lock`: a Kubernetes build
-    holds that one for half an hour, and the two builds share nothing but Go's caches, which
-    are safe to use concurrently."""
-    (cache_root() / "build").mkdir(parents=True, exist_ok=True)
-    with open(cache_root() / "build" / ".jobset.lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def _module_info(go: str, log: TextIO) -> JsonDict:
-    out = subprocess.run(
-        [go, "mod", "download", "-json", f"{MODULE}@{JOBSET_VERSION}"],
-        env=buildmod.go_env(),
-        capture_output=True,
-        text=True,
-        cwd=cache_root(),
-    )
-    log.write(out.stdout + out.stderr)
-    if out.returncode != 0:
-        raise JobSetError(f"cannot download {MODULE}@{JOBSET_VERSION}: {out.stderr.strip()}")
-    info: JsonDict = json.loads(out.stdout)
-    return info
-
-
-def ensure_built(out: TextIO = sys.stderr, force: bool = False) -> Path:
-    """Builds the JobSet controller into the cache unless it is there; returns the binary.
-
-    `go install sigs.k8s.io/jobset@<version>` fails: it asks the module proxy for the module's
-    version list (for deprecation notices), which the proxy refuses (403). Downloading the
-    pinned version works, and its source is needed anyway for the CRD manifests: the binary is
-    built inside the module's own source. The module cache is read-only, so that is a writable
-    copy (`-mod=mod` may update its go.sum).
-    """
-    if not force and is_built():
-        return binary_path()
-    cache_root().mkdir(parents=True, exist_ok=True)
-    with _lock():
-        if not force and is_built():  # built by somebody else while we waited
-            return binary_path()
-        go = buildmod.check_go()
-        logpath = cache_root() / "build" / "jobset-build.log"
-        t0 = time.monotonic()
-        with open(logpath, "a") as log:
-            log.write(f"\n=== jobset build started {time.strftime('%Y-%m-%dT%H:%M:%S')} ===\n")
-            out.write(f"building jobset-controller {JOBSET_VERSION} (log: {logpath})\n")
-            out.flush()
-            info = _module_info(go, log)
-            work = Path(tempfile.mkdtemp(prefix="jobset-src-", dir=cache_root() / "build"))
-            try:
-                src = work / "src"
-                shutil.copytree(info["Dir"], src)
-                for p in [src, *src.rglob("*")]:
-                    p.chmod(p.stat().st_mode | 0o200)
-                commit = str((info.get("Origin") or {}).get("Hash") or "unknown")
-                ldflags = (
-                    f"-s -w -X {MODULE}/pkg/version.GitVersion={JOBSET_VERSION}"
-                    f" -X {MODULE}/pkg/version.GitCommit={commit}"
-                )
-                target = work / "jobset-controller"
-                # The manager's main package is the module root (`main.go`); `cmd/` holds only
-                # the in-place-restart agent, a sidecar image.
-                cmd = [go, "build", "-v", "-ldflags", ldflags, "-o", str(target), "."]
-                with buildmod.Progress(out, "jobset-controller", COLD_BUILD_SECONDS) as prog:
-                    buildmod.run_logged(cmd, src, log, prog)
-                crds = sorted((src / "config" / "components" / "crd" / "bases").glob("*.yaml"))
-                if not crds:
-                    raise JobSetError(f"{MODULE}@{JOBSET_VERSION} has no CRD manifests")
-                # The CRDs first: `is_built` takes the binary's presence for a finished build.
-                crd_dir().mkdir(parents=True, exist_ok=True)
-                for crd in crds:
-                    shutil.copyfile(crd, crd_dir() / crd.name)
-                buildmod.install_binary(target, binary_path())
-            finally:
-                shutil.rmtree(work, ignore_errors=True)
-        out.write(f"    jobset-controller: {time.monotonic() - t0:.0f}s -> {binary_path()}\n")
-        return binary_path()
+CONTROLLER = Addon(
+    component="jobset",
+    binary="jobset-controller",
+    module=MODULE,
+    version=JOBSET_VERSION,
+    # The manager's main package is the module root (`main.go`); `cmd/` holds only the
+    # in-place-restart agent, a sidecar image.
+    package=".",
+    cold_build_seconds=200,  # measured on 2 cores with an empty Go build cache
+    error=JobSetError,
+)
 
 
 # ---- talking to the cluster's apiserver -----------------------------------------------------
-
-
-def apply_crds(cluster: ClusterHandle, timeout: float = 60.0) -> list[str]:
-    """Server-side applies JobSet's CRDs and waits until they are Established; returns their
-    names. Server-side because the JobSet CRD (800 kB) is larger than the last-applied
-    annotation of a client-side apply may be."""
-    if not is_built():
-        raise JobSetError("JobSet is not built: call ensure_built() first")
-    names: list[str] = []
-    for path in sorted(crd_dir().glob("*.yaml")):
-        for doc in yaml.safe_load_all(path.read_text()):
-            if not doc:
-                continue
-            name = doc["metadata"]["name"]
-            # JSON is YAML: the apply-patch body can be the parsed document.
-            admin_request(
-                cluster,
-                "PATCH",
-                f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
-                f"?fieldManager={FIELD_MANAGER}&force=true",
-                doc,
-                content_type="application/apply-patch+yaml",
-                timeout=60.0,
-            )
-            names.append(name)
-    deadline = time.monotonic() + timeout
-    pending = list(names)
-    while pending:
-        pending = [
-            n
-            for n in pending
-            if not crd_established(
-                admin_request(
-                    cluster, "GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{n}"
-                )
-            )
-        ]
-        if not pending:
-            break
-        if time.monotonic() > deadline:
-            raise JobSetError(f"CRDs {pending} not Established after {timeout:.0f}s")
-        time.sleep(0.2)
-    return names
 
 
 def keeps_pods_running(cluster: ClusterHandle) -> bool:
@@ -293,58 +145,6 @@ def controller_config(
     return cfg
 
 
-@dataclass
-class JobSetController:
-    """A running JobSet controller that `start_controller` started. `stop()` ends it."""
-
-    proc: Proc
-    workdir: Path
-    """Its configuration and throwaway certificate; removed by `stop()`."""
-    log: Path
-    metrics_port: int
-    health_port: int
-    webhook_port: int
-    qps: float
-    burst: int
-    _stopped: bool = field(default=False, repr=False)
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc.alive()
-
-    def ready(self) -> bool:
-        """Its readyz: the manager runs and its (unused) webhook server listens."""
-        try:
-            url = f"http://127.0.0.1:{self.health_port}/readyz"
-            with urllib.request.urlopen(url, timeout=2) as resp:
-                return bool(resp.status == 200)
-        except (OSError, urllib.error.URLError):
-            return False
-
-    def stop(self, timeout: float = 15.0) -> bool:
-        """SIGTERM (then SIGKILL after `timeout`) to this process only, by PID and start time,
-        and waits for it to end. Returns whether it was still running."""
-        was_running = stop(self.proc, timeout)
-        if not self._stopped:
-            self._stopped = True
-            shutil.rmtree(self.workdir, ignore_errors=True)
-        return was_running
-
-    def __enter__(self) -> JobSetController:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-
 def start_controller(
     cluster: ClusterHandle,
     *,
@@ -354,7 +154,7 @@ def start_controller(
     log_level: str = "info",
     ready_timeout: float = 60.0,
     out: TextIO = sys.stderr,
-) -> JobSetController:
+) -> AddonProcess:
     """Builds JobSet if it is not cached, applies its CRDs to `cluster`, and starts its
     controller against the cluster's admin kubeconfig; returns once the controller is ready.
 
@@ -364,56 +164,28 @@ def start_controller(
     The log goes to ``<cluster>/logs/jobset-controller.log``. The process is not recorded in
     the cluster's state: `Cluster.down` stops only what `up` started; stop it first.
     """
-    ensure_built(out)
-    apply_crds(cluster)
-    workdir = Path(tempfile.mkdtemp(prefix="jobset-controller-", dir=cluster.dir))
-    try:
-        cert_dir = workdir / "certs"
-        cert_dir.mkdir()
+    CONTROLLER.ensure_built(out)
+    CONTROLLER.apply_crds(cluster)
+    with workdir(cluster, CONTROLLER) as work:
+        cert_dir = work / "certs"
         _self_signed(cert_dir)
         webhook_port, metrics_port, health_port = free_ports(3)
-        config = workdir / "config.yaml"
-        config.write_text(
-            yaml.safe_dump(
-                controller_config(
-                    cert_dir, webhook_port, metrics_port, health_port, qps, burst, feature_gates
-                )
-            )
+        config = controller_config(
+            cert_dir, webhook_port, metrics_port, health_port, qps, burst, feature_gates
         )
-        cmd = [
-            str(binary_path()),
-            f"--kubeconfig={cluster.kubeconfig}",
-            f"--config={config}",
-            # Flags win over the file; given both ways so that neither default can slip in.
-            f"--kube-api-qps={qps:g}",
-            f"--kube-api-burst={burst}",
-            "--leader-elect=false",
-            "--zap-devel=false",
-            f"--zap-log-level={log_level}",
-            "--zap-encoder=console",
-        ]
-        log = cluster.logs / "jobset-controller.log"
-        out.write(f"starting jobset-controller {JOBSET_VERSION} (log: {log})\n")
-        proc = launch("jobset-controller", cmd, log, cwd=workdir)
-    except BaseException:
-        shutil.rmtree(workdir, ignore_errors=True)
-        raise
-    ctl = JobSetController(proc, workdir, log, metrics_port, health_port, webhook_port, qps, burst)
-    deadline = time.monotonic() + ready_timeout
-    try:
-        while not ctl.ready():
-            if not ctl.alive():
-                raise JobSetError(f"jobset-controller exited; last lines of {log}:\n{tail(log)}")
-            if time.monotonic() > deadline:
-                raise JobSetError(
-                    f"jobset-controller not ready after {ready_timeout:.0f}s; last lines of "
-                    f"{log}:\n{tail(log)}"
-                )
-            time.sleep(0.2)
-    except BaseException:
-        ctl.stop()
-        raise
-    return ctl
+        # Flags win over the file; given both ways so that neither default can slip in.
+        flags = [f"--kube-api-qps={qps:g}", f"--kube-api-burst={burst}", "--leader-elect=false"]
+        return outofcluster.start(
+            CONTROLLER,
+            cluster,
+            work,
+            config,
+            health_port=health_port,
+            flags=flags,
+            log_level=log_level,
+            ready_timeout=ready_timeout,
+            out=out,
+        )
 
 
 # ---- JobSet objects -----------------------------------------------------------------------

@@ -26,7 +26,7 @@ from localcluster.cluster import (
     Options,
     kwok_node,
 )
-from localcluster.jobset import JobSetController
+from localcluster.outofcluster import AddonProcess
 from localcluster.simkubelet import SimKubelet
 from localcluster.tools import ControllerProcess
 
@@ -46,7 +46,7 @@ class World:
     nodes: list[str] = field(default_factory=list)
     victims: list[str] = field(default_factory=list)
     rss_max: float = 0.0
-    peer: JobSetController | None = None
+    peer: AddonProcess | None = None
     """The JobSet controller, when the run restarts that peer too."""
 
     @property

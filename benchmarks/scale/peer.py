@@ -43,7 +43,7 @@ from benchmarks.scale.settings import BENCH_LABEL
 from controller.k8s import PODS, JsonDict, Kube, NotFound, ResourceKind, selector
 from localcluster import jobset
 from localcluster.cluster import Cluster
-from localcluster.jobset import JobSetController
+from localcluster.outofcluster import AddonProcess
 
 JOBSETS = ResourceKind(jobset.GROUP, jobset.API_VERSION.split("/")[1], jobset.PLURAL, jobset.KIND)
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
@@ -73,7 +73,7 @@ SCHEDULER_RATE = ("scheduled", ["first-new->created", "created->scheduled"])
 """The scheduler's binds run from the first new pod to the last bound."""
 
 
-def start(cluster: Cluster) -> JobSetController:
+def start(cluster: Cluster) -> AddonProcess:
     """The JobSet controller for a run, at its own default client QPS."""
     if not jobset.keeps_pods_running(cluster):
         raise RuntimeError(

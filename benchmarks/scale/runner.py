@@ -34,7 +34,7 @@ from benchmarks.scale.settings import IN_PLACE_RAISED, JOBSET, JOBSET_RAISED, Se
 from benchmarks.scale.stats import summarize
 from controller.k8s import NAMESPACES, NODES, Kube, NotFound
 from localcluster.cluster import Cluster
-from localcluster.jobset import JobSetController
+from localcluster.outofcluster import AddonProcess
 from localcluster.simkubelet import SimKubelet
 from localcluster.tools import ControllerProcess, controller_kubeconfig, install_crd
 
@@ -185,7 +185,7 @@ async def run_on(cluster: Cluster, settings: Settings) -> dict[str, Any]:
         cluster.logs / "bench-restart-scale-controller.log", arrivals=True,
     )  # fmt: skip
     ctl.start()
-    jobset: JobSetController | None = None
+    jobset: AddonProcess | None = None
     results: list[dict[str, Any]] = []
     # Thousands of agents share one client: keep enough connections for a burst of arrivals.
     api = HttpClient(

@@ -1,9 +1,9 @@
 """The controller's only door to the Kubernetes API; the only package importing kubernetes_asyncio.
 
 kinds (where each kind lives), errors (typed refusals), transport (session, timeouts, retries,
-metrics), watch (paged lists, resumable watches), client (`Kube`, the verbs); store (the informer
-cache) and leader (Lease election) are built on them. The rest of the controller imports the
-names below from here.
+metrics), watch (paged lists, resumable watches), client (`Kube`, the verbs), verbs (`ObjectApi`,
+the verbs on one object that a test fake stands in for); store (the informer cache) and leader
+(Lease election) are built on them. The rest of the controller imports the names below from here.
 """
 
 from controller.k8s.client import Kube
@@ -37,6 +37,7 @@ from controller.k8s.kinds import (
     ResourceKind,
 )
 from controller.k8s.transport import RetryPolicy
+from controller.k8s.verbs import ObjectApi
 from controller.k8s.watch import ObjectList, WatchEvent, selector
 
 __all__ = [
@@ -63,6 +64,7 @@ __all__ = [
     "JsonDict",
     "Kube",
     "NotFound",
+    "ObjectApi",
     "ObjectList",
     "ResourceKind",
     "RetryPolicy",

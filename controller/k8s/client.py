@@ -25,6 +25,7 @@ from controller.k8s.transport import (
     in_cluster_api_client,
     kubeconfig_api_client,
 )
+from controller.k8s.verbs import ObjectApi
 from controller.k8s.watch import ObjectList, WatchEvent, list_objects, watch_events
 
 __all__ = ["MERGE_PATCH", "Kube"]
@@ -32,7 +33,7 @@ __all__ = ["MERGE_PATCH", "Kube"]
 MERGE_PATCH = "application/merge-patch+json"
 
 
-class Kube:
+class Kube(ObjectApi):
     """Async access to the Kubernetes API over raw dicts. Use `async with`, or `close()`."""
 
     def __init__(

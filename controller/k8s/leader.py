@@ -5,7 +5,7 @@ within `renew_deadline` stops leading (and the process exits) before the others 
 at `lease_duration`. Expiry is judged on this process's monotonic clock from when it last saw
 the record change, never from the timestamps in the record, so clock skew between machines
 does not matter. The decisions are pure functions; `LeaderElector` does the I/O through a
-`LeaseClient` (`controller.k8s.Kube`).
+`controller.k8s.ObjectApi` (`Kube` is one).
 """
 
 from __future__ import annotations
@@ -18,17 +18,17 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any
 
 from controller.k8s.errors import AlreadyExists, ApiError, NotFound
-from controller.k8s.kinds import LEASES, JsonDict, ResourceKind
+from controller.k8s.kinds import LEASES, JsonDict
+from controller.k8s.verbs import ObjectApi
 from controller.runtime import metrics
 from controller.runtime.clock import MONOTONIC, Clock, utcnow
 
 __all__ = [
     "LeaderElectionConfig",
     "LeaderElector",
-    "LeaseClient",
     "LeaseObservation",
     "LeaseRecord",
     "next_record",
@@ -150,47 +150,12 @@ def renew_deadline_passed(last_renew: float, now: float, renew_deadline: float) 
     return now >= last_renew + renew_deadline
 
 
-class LeaseClient(Protocol):
-    """The part of `controller.k8s.Kube` leader election uses."""
-
-    async def get(
-        self,
-        kind: ResourceKind,
-        name: str,
-        namespace: str | None = None,
-        *,
-        request_timeout: float | None = None,
-        retry: bool = True,
-    ) -> JsonDict: ...
-
-    async def create(
-        self,
-        kind: ResourceKind,
-        obj: JsonDict,
-        namespace: str | None = None,
-        *,
-        request_timeout: float | None = None,
-        retry: bool = True,
-    ) -> JsonDict: ...
-
-    async def replace(
-        self,
-        kind: ResourceKind,
-        name: str,
-        obj: JsonDict,
-        namespace: str | None = None,
-        *,
-        request_timeout: float | None = None,
-        retry: bool = True,
-    ) -> JsonDict: ...
-
-
 class LeaderElector:
     """One candidate for one Lease."""
 
     def __init__(
         self,
-        client: LeaseClient,
+        client: ObjectApi,
         config: LeaderElectionConfig,
         *,
         clock: Clock = MONOTONIC,

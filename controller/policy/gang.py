@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from api.naming import worker_pod_name
 from api.v1alpha1 import GangJob, GangJobStatus
-from controller.policy import podspec
 from controller.policy.views import PodView
 
 # Pod phases (core/v1).
@@ -26,7 +26,7 @@ class Gang:
 
     workers: dict[int, PodView]
     """Worker number (`gangjob.io/rank`) -> its pod: ours (controller ownerReference to this
-    job), number in range, named as `podspec.worker_pod_name` names it. At most one per number,
+    job), number in range, named as `api.naming.worker_pod_name` names it. At most one per number,
     because the name is derived from the number."""
     strays: list[PodView]
     """Ours, but not a worker: number missing or out of range, or the wrong name."""
@@ -48,7 +48,7 @@ def sort_pods(job: GangJob, pods: Sequence[PodView]) -> Gang:
         if (
             rank is not None
             and 0 <= rank < len(job.spec.workers)
-            and pod.name == podspec.worker_pod_name(job, rank)
+            and pod.name == worker_pod_name(job, rank)
         ):
             workers[rank] = pod
         else:

@@ -13,7 +13,7 @@ import pytest
 from controller.k8s import PODS, JsonDict, Kube, ResourceKind, selector
 from localcluster import jobset
 from localcluster.cluster import Cluster
-from localcluster.jobset import JobSetController
+from localcluster.outofcluster import AddonProcess
 
 pytestmark = pytest.mark.integration
 
@@ -22,7 +22,7 @@ WORKERS = 3
 
 
 @pytest.fixture
-def jobset_controller(sim_cluster: Cluster) -> Iterator[JobSetController]:
+def jobset_controller(sim_cluster: Cluster) -> Iterator[AddonProcess]:
     """The JobSet controller (built on first use), stopped after the test."""
     if not jobset.keeps_pods_running(sim_cluster):
         pytest.fail(
@@ -88,7 +88,7 @@ async def wait_attempt_running(
 
 
 async def test_one_failed_pod_restarts_the_whole_jobset(
-    sim_kube: Kube, namespace: str, jobset_controller: JobSetController
+    sim_kube: Kube, namespace: str, jobset_controller: AddonProcess
 ) -> None:
     name = "peer"
     manifest = jobset.jobset_manifest(name, workers=WORKERS, max_restarts=3)

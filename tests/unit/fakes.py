@@ -13,11 +13,13 @@ from controller.k8s import (
     Conflict,
     JsonDict,
     NotFound,
+    ObjectApi,
     ObjectList,
     ResourceKind,
     TransportError,
     WatchEvent,
 )
+from controller.k8s.store import ListWatcher
 
 
 class FakeClock:
@@ -65,8 +67,9 @@ class JumpClock:
         await asyncio.sleep(0)
 
 
-class FakeApi:
-    """An in-memory apiserver for any kind: resourceVersions, preconditions, typed errors.
+class FakeApi(ObjectApi):
+    """An in-memory apiserver for any kind, as `ObjectApi`: resourceVersions, preconditions,
+    typed errors.
 
     `down = True` makes every call fail as if the apiserver were unreachable;
     `down_after_calls = n` does so from the (n+1)th call on."""
@@ -143,7 +146,7 @@ class FakeApi:
         return copy.deepcopy(stored)
 
 
-class ScriptedListWatcher:
+class ScriptedListWatcher(ListWatcher):
     """Serves scripted lists and watch streams to a Store. A stream item that is an exception
     is raised; once a stream's script is over it blocks until `close_streams`."""
 

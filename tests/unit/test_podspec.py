@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from api.naming import pod_name
 from api.v1alpha1 import FailureAction, GangJob, GangJobStatus, RestartMode
 from controller.policy.classify import exit_code_action
 from controller.policy.podspec import (
@@ -15,8 +16,6 @@ from controller.policy.podspec import (
     TrainerCommandRequired,
     build_pod,
     build_service,
-    master_addr,
-    pod_name,
     trainer_restart_rule,
 )
 from controller.policy.views import PodView
@@ -108,10 +107,6 @@ def test_worker_pod_parses_back_as_the_worker() -> None:
     assert view.controller_uid == JOB_UID
     assert view.created_epoch == 0
     assert view.arrived_epoch is None
-
-
-def test_master_addr_goes_through_the_headless_service() -> None:
-    assert master_addr("llama") == "llama-0.llama"
 
 
 def test_trainer_container_named() -> None:

@@ -14,8 +14,9 @@ from pydantic import ValidationError
 from agent.cli import launch_env
 from agent.protocol import rendezvous_id
 from api.constants import WRAPPED_ZIPAPP
+from api.naming import master_addr
 from api.v1alpha1 import GangJobStatus, RestartMode
-from controller.policy.podspec import TrainerCommandRequired, build_pod, master_addr
+from controller.policy.podspec import TrainerCommandRequired, build_pod
 from controller.policy.torchrun import gpu_limit, nproc_per_node, torchrun_env
 from tests.unit.builders import JOB_NAME, TEMPLATE, job_dict, make_job, with_status
 from tests.unit.test_podspec import AGENT, env_of
