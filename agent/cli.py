@@ -31,6 +31,7 @@ from api.constants import (
     DEFAULT_AGENT_PORT,
     DEFAULT_DIR,
     DEFAULT_KILL_GRACE_SECONDS,
+    DEFAULT_PROGRESS_SUMMARY_SECONDS,
     ENV_AGENT_PORT,
     ENV_ARRIVAL_TOKEN,
     ENV_ARRIVAL_URL,
@@ -44,6 +45,7 @@ from api.constants import (
     ENV_POD_NAMESPACE,
     ENV_POD_UID,
     ENV_PROGRESS,
+    ENV_PROGRESS_SUMMARY_SECONDS,
     EPOCH_FILE,
     RESTART_EXIT_CODE,
     AgentPlacement,
@@ -63,6 +65,8 @@ environment:
 {DEFAULT_KILL_GRACE_SECONDS:g})
   KUBERNETES_SERVICE_HOST/_PORT and the service account reach the apiserver.
   {ENV_HANG_SECONDS}   no progress for this long is a stall (default: never)
+  {ENV_PROGRESS_SUMMARY_SECONDS}   at most one progress summary to the controller per this
+      many seconds (default {DEFAULT_PROGRESS_SUMMARY_SECONDS:g})
 The trainer gets {ENV_EPOCH} and {ENV_PET_RDZV_ID} (wrap, launch; launch reads the epoch from
 {ENV_DIR}/{EPOCH_FILE}, written when the barrier opened, and needs only {ENV_GANGJOB_NAME}),
 and {ENV_PROGRESS}, the file to report its steps to (docs/progress.md).

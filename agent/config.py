@@ -14,6 +14,7 @@ from api.constants import (
     DEFAULT_ARRIVAL_TOKEN,
     DEFAULT_DIR,
     DEFAULT_KILL_GRACE_SECONDS,
+    DEFAULT_PROGRESS_SUMMARY_SECONDS,
     ENV_AGENT_PORT,
     ENV_ARRIVAL_TOKEN,
     ENV_ARRIVAL_URL,
@@ -24,6 +25,7 @@ from api.constants import (
     ENV_POD_NAME,
     ENV_POD_NAMESPACE,
     ENV_POD_UID,
+    ENV_PROGRESS_SUMMARY_SECONDS,
     GROUP,
     PLURAL,
     VERSION,
@@ -69,7 +71,7 @@ class Config:
     """How often the agent reads its trainer's progress files (docs/progress.md); None: it does
     not follow progress (in-process fleets of thousands). A pod's agent polls every
     `PROGRESS_POLL_SECONDS`."""
-    progress_summary_seconds: float = 15.0
+    progress_summary_seconds: float = DEFAULT_PROGRESS_SUMMARY_SECONDS
     """At most one progress summary per this many seconds goes to the controller (a stall and
     its end at once)."""
     hang_seconds: float | None = None
@@ -120,6 +122,9 @@ class Config:
             ),
             progress_poll_seconds=PROGRESS_POLL_SECONDS,
             hang_seconds=number(ENV_HANG_SECONDS, 0.0) or None,
+            progress_summary_seconds=number(
+                ENV_PROGRESS_SUMMARY_SECONDS, DEFAULT_PROGRESS_SUMMARY_SECONDS
+            ),
         )
 
     @property

@@ -308,6 +308,12 @@ ENV_PROGRESS: Final = "GANGJOB_PROGRESS"
 optional ` compute=<seconds>` and ` checkpoint=<int>` (docs/progress.md)."""
 ENV_HANG_SECONDS: Final = "GANGJOB_HANG_SECONDS"
 """The agent's: `spec.progress.hangSeconds`; unset or 0, the agent detects no stall."""
+ENV_PROGRESS_SUMMARY_SECONDS: Final = "GANGJOB_PROGRESS_SUMMARY_SECONDS"
+"""The agent's: at most one progress summary per this many seconds to the controller (default
+`DEFAULT_PROGRESS_SUMMARY_SECONDS`); a builder may raise it for large gangs, whose summaries
+cost the controller N / period requests a second."""
+DEFAULT_PROGRESS_SUMMARY_SECONDS: Final = 30.0
+"""As often as the controller writes a job's progress into its status, at most."""
 ENV_PYTHONPATH: Final = "PYTHONPATH"
 """Where the agent starts the trainer, `$GANGJOB_DIR/python` goes first on it, so that the
 trainer can `import gangjob_progress`."""

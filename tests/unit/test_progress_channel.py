@@ -168,6 +168,9 @@ def test_a_pods_agent_follows_progress_and_knows_hang_seconds() -> None:
     env = {"GANGJOB_NAME": "j", "POD_NAME": "p", "POD_NAMESPACE": "n"}
     config = Config.from_env(env)
     assert (config.progress_poll_seconds, config.hang_seconds) == (1.0, None)
+    assert config.progress_summary_seconds == 30.0
+    summaries = Config.from_env(env | {"GANGJOB_PROGRESS_SUMMARY_SECONDS": "120"})
+    assert summaries.progress_summary_seconds == 120.0
     assert Config.from_env(env | {"GANGJOB_HANG_SECONDS": "0"}).hang_seconds is None
     assert Config.from_env(env | {"GANGJOB_HANG_SECONDS": "90"}).hang_seconds == 90.0
     with pytest.raises(ConfigError, match="GANGJOB_HANG_SECONDS"):
