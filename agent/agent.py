@@ -1,7 +1,8 @@
 """The agent's state machine, in both restart modes (docs/design.md section 3): choose the epoch to
 arrive at, arrive, wait at the barrier, then in `Pod` mode open the probe and exit with
 `RESTART_EXIT_CODE` when the gang moves on, in `Process` mode run the trainer and restart it
-in place at each new epoch.
+in place at each new epoch. From each barrier on, the agent follows its trainer's progress
+(agent/monitor.py, docs/progress.md).
 
 An `Agent` is a plain object on the running event loop: `await Agent(config, api).run()` returns
 the exit code the pod's process would exit with. Tests and benchmarks run thousands side by
@@ -24,7 +25,8 @@ from typing import Any, TypeVar
 from agent.apiclient import Api, ClientError, HttpClient
 from agent.arrival import AnnotationArrival, Arrival
 from agent.config import Config
-from agent.direct import DirectArrival, Streamer
+from agent.direct import ControllerClient, DirectArrival, ProgressChannel
+from agent.monitor import ProgressMonitor, trainer_env
 from agent.probe import ProbeServer
 from agent.protocol import (
     Backoff,
@@ -99,7 +101,7 @@ class Agent:
         mode: AgentPlacement = AgentPlacement.SIDECAR,
         command: Sequence[str] = (),
         arrival: Arrival | None = None,
-        arrival_client: Streamer | None = None,
+        arrival_client: ControllerClient | None = None,
         env: Mapping[str, str] | None = None,
         logger: logging.Logger | None = None,
         adopts_orphans: bool = False,
@@ -140,6 +142,14 @@ class Agent:
         # streams the job's state (a new pod reads the job once, to know where to arrive).
         # The watch starts only when that channel fails.
         self._direct = isinstance(self._arrival, DirectArrival)
+        self.progress: ProgressMonitor | None = None
+        """Follows the trainer's progress (docs/progress.md) where `progress_poll_seconds` is
+        set; it reports to the controller through the arrival endpoint only."""
+        if config.progress_poll_seconds:
+            send = None
+            if self._direct and arrival_client is not None:
+                send = ProgressChannel(arrival_client, config, self.log).send
+            self.progress = ProgressMonitor(config, self.log, send)
         self._state = AgentState(since=time.monotonic())
         self._changed = asyncio.Event()
         self._stop = asyncio.Event()
@@ -224,6 +234,8 @@ class Agent:
                 task.cancel()
             # Collected, so a watcher that died of a bug does not also warn at exit.
             await asyncio.gather(*tasks, return_exceptions=True)
+            if self.progress is not None:
+                await self.progress.stop()
             await self._arrival.close()
             if self._own_client is not None:
                 await self._own_client.close()
@@ -260,10 +272,16 @@ class Agent:
                 RESTART_EXIT_CODE,
             )
             return RESTART_EXIT_CODE
+        if self.progress is not None:
+            self.progress.start(target, None)
         state = await self._wait_job(lambda s: s.epoch > target or s.finished)
         if state.epoch <= target:
             self.log.info("job %s: idle until the kubelet stops the pod", state.phase)
+            if self.progress is not None:
+                await self.progress.stop()
             state = await self._wait_job(lambda s: s.epoch > target)
+        if self.progress is not None:
+            await self.progress.stop()  # a stack collection under way ends first
         self._set(barrier_open=False, step=Step.STOPPING)
         self._save_state(target, state.epoch)
         self.log.info(
@@ -323,6 +341,8 @@ class Agent:
         """Runs the trainer at `target` until it exits (None, code), or the gang moves on and it
         is stopped (the new job state, its code)."""
         env = dict(self._env)
+        if self.progress is not None:
+            env = trainer_env(self.config.dir, env)
         env[ENV_EPOCH] = str(target)
         env[ENV_DIR] = str(self.config.dir)
         env[ENV_PET_RDZV_ID] = rendezvous_id(self.config.job_name, target)
@@ -332,6 +352,8 @@ class Agent:
         runs = self._state.trainer_runs + 1
         self._set(step=Step.RUNNING, trainer_pid=trainer.pid, trainer_runs=runs)
         self.log.info("trainer started at epoch %d (pid %s)", target, trainer.pid)
+        if self.progress is not None:
+            self.progress.start(target, trainer.pid)
         exited = asyncio.create_task(trainer.wait())
         moved = asyncio.create_task(self._watcher.wait_for(lambda s: s.epoch > target))
         try:
@@ -339,6 +361,8 @@ class Agent:
         finally:
             exited.cancel()
             moved.cancel()
+            if self.progress is not None:
+                await self.progress.stop()
         # Both at once: the trainer most likely died of the restart (its peers went away);
         # the new epoch wins and its exit is not reported against the old one.
         if moved.done() and not moved.cancelled():
@@ -394,6 +418,8 @@ class Agent:
 
     async def _arrive(self, target: int) -> None:
         self._set(step=Step.ARRIVING, epoch=target, barrier_open=False)
+        if self.progress is not None:
+            self.progress.prepare()
         # Saved before the report: a crash right after it must not make the restarted agent
         # arrive at the same epoch a second time.
         self._save_state(target, target)

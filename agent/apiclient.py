@@ -354,9 +354,11 @@ class HttpClient:
         """A delete with DeleteOptions (grace period, a UID precondition)."""
         return await self._json("DELETE", path, json.dumps(options).encode(), "application/json")
 
-    async def post(self, path: str, body: JsonDict) -> JsonDict:
-        """A create (not retried on a broken kept-alive connection: not idempotent)."""
-        return await self._json("POST", path, json.dumps(body).encode(), "application/json")
+    async def post(self, path: str, body: JsonDict, *, token: str | None = None) -> JsonDict:
+        """A create (not retried on a broken kept-alive connection: not idempotent). `token`
+        replaces the client's own for this request."""
+        data = json.dumps(body).encode()
+        return await self._json("POST", path, data, "application/json", token)
 
     async def watch(
         self, path: str, params: Mapping[str, str], *, inactivity_timeout: float = 90.0
@@ -409,11 +411,16 @@ class HttpClient:
     # plumbing
 
     async def _json(
-        self, method: str, path: str, body: bytes | None, content_type: str | None
+        self,
+        method: str,
+        path: str,
+        body: bytes | None,
+        content_type: str | None,
+        token: str | None = None,
     ) -> JsonDict:
         try:
             async with asyncio.timeout(self.request_timeout):
-                status, data = await self._roundtrip(method, path, body, content_type)
+                status, data = await self._roundtrip(method, path, body, content_type, token)
         except TimeoutError:
             raise TransportError(f"{method} {path}: no answer in {self.request_timeout}s") from None
         if not 200 <= status < 300:
@@ -427,10 +434,15 @@ class HttpClient:
         return obj
 
     async def _roundtrip(
-        self, method: str, target: str, body: bytes | None, content_type: str | None
+        self,
+        method: str,
+        target: str,
+        body: bytes | None,
+        content_type: str | None,
+        token: str | None = None,
     ) -> tuple[int, bytes]:
         for attempt in (1, 2):
-            conn = await self._send(method, target, body, content_type, None)
+            conn = await self._send(method, target, body, content_type, None, token)
             reusable = False
             try:
                 head = await self._head(conn, None)

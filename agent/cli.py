@@ -24,23 +24,28 @@ from pathlib import Path
 from agent.agent import Agent
 from agent.apiclient import HttpClient
 from agent.config import Config, ConfigError
+from agent.monitor import trainer_env
 from agent.protocol import rendezvous_id
 from agent.trainer import become_subreaper
 from api.constants import (
     DEFAULT_AGENT_PORT,
     DEFAULT_DIR,
     DEFAULT_KILL_GRACE_SECONDS,
+    DEFAULT_PROGRESS_SUMMARY_SECONDS,
     ENV_AGENT_PORT,
     ENV_ARRIVAL_TOKEN,
     ENV_ARRIVAL_URL,
     ENV_DIR,
     ENV_EPOCH,
     ENV_GANGJOB_NAME,
+    ENV_HANG_SECONDS,
     ENV_KILL_GRACE_SECONDS,
     ENV_PET_RDZV_ID,
     ENV_POD_NAME,
     ENV_POD_NAMESPACE,
     ENV_POD_UID,
+    ENV_PROGRESS,
+    ENV_PROGRESS_SUMMARY_SECONDS,
     EPOCH_FILE,
     RESTART_EXIT_CODE,
     AgentPlacement,
@@ -59,8 +64,12 @@ environment:
   {ENV_KILL_GRACE_SECONDS}   SIGTERM to SIGKILL of the trainer (wrap; default \
 {DEFAULT_KILL_GRACE_SECONDS:g})
   KUBERNETES_SERVICE_HOST/_PORT and the service account reach the apiserver.
+  {ENV_HANG_SECONDS}   no progress for this long is a stall (default: never)
+  {ENV_PROGRESS_SUMMARY_SECONDS}   at most one progress summary to the controller per this
+      many seconds (default {DEFAULT_PROGRESS_SUMMARY_SECONDS:g})
 The trainer gets {ENV_EPOCH} and {ENV_PET_RDZV_ID} (wrap, launch; launch reads the epoch from
-{ENV_DIR}/{EPOCH_FILE}, written when the barrier opened, and needs only {ENV_GANGJOB_NAME}).
+{ENV_DIR}/{EPOCH_FILE}, written when the barrier opened, and needs only {ENV_GANGJOB_NAME}),
+and {ENV_PROGRESS}, the file to report its steps to (docs/progress.md).
 Exit codes: sidecar {RESTART_EXIT_CODE} = the gang moved to a
 new epoch (restart the pod); wrap = the trainer's code once done or failed for good.
 """
@@ -89,16 +98,20 @@ def parser() -> argparse.ArgumentParser:
 
 
 def launch_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The trainer's environment for `launch`: `env` with the epoch of `$GANGJOB_DIR/epoch` and
-    its rendezvous id. Raises ValueError naming what is missing."""
+    """The trainer's environment for `launch`: `env` with the epoch of `$GANGJOB_DIR/epoch`, its
+    rendezvous id and the progress contract (`GANGJOB_PROGRESS`, the helper on `PYTHONPATH`).
+    Raises ValueError naming what is missing."""
     job = env.get(ENV_GANGJOB_NAME, "").strip()
     if not job:
         raise ValueError(f"{ENV_GANGJOB_NAME} is not set")
-    path = Path(env.get(ENV_DIR, "").strip() or DEFAULT_DIR) / EPOCH_FILE
+    directory = Path(env.get(ENV_DIR, "").strip() or DEFAULT_DIR)
+    path = directory / EPOCH_FILE
     try:
         epoch = int(path.read_text().strip())
     except (OSError, ValueError) as e:
         raise ValueError(f"cannot read the epoch from {path}: {e}") from e
+    # The sidecar prepared the progress directory and the helper when it arrived.
+    env = trainer_env(directory, env)
     return {**env, ENV_EPOCH: str(epoch), ENV_PET_RDZV_ID: rendezvous_id(job, epoch)}
 
 

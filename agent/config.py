@@ -1,5 +1,6 @@
 """The agent's configuration: which pod and GangJob it serves, where it writes the epoch, its
-probe port and its timings. From the pod's environment, or given directly in-process."""
+probe port, its timings and how it follows the trainer's progress. From the pod's environment,
+or given directly in-process."""
 
 from __future__ import annotations
 
@@ -13,19 +14,25 @@ from api.constants import (
     DEFAULT_ARRIVAL_TOKEN,
     DEFAULT_DIR,
     DEFAULT_KILL_GRACE_SECONDS,
+    DEFAULT_PROGRESS_SUMMARY_SECONDS,
     ENV_AGENT_PORT,
     ENV_ARRIVAL_TOKEN,
     ENV_ARRIVAL_URL,
     ENV_DIR,
     ENV_GANGJOB_NAME,
+    ENV_HANG_SECONDS,
     ENV_KILL_GRACE_SECONDS,
     ENV_POD_NAME,
     ENV_POD_NAMESPACE,
     ENV_POD_UID,
+    ENV_PROGRESS_SUMMARY_SECONDS,
     GROUP,
     PLURAL,
     VERSION,
 )
+
+PROGRESS_POLL_SECONDS = 1.0
+"""A pod's agent reads its trainer's progress files this often (a `stat` each when unchanged)."""
 
 
 class ConfigError(ValueError):
@@ -60,6 +67,15 @@ class Config:
     direct_fallback_seconds: float = 5.0
     """How long the agent keeps trying the controller's endpoint before it arrives by
     annotation instead (and watches the apiserver)."""
+    progress_poll_seconds: float | None = None
+    """How often the agent reads its trainer's progress files (docs/progress.md); None: it does
+    not follow progress (in-process fleets of thousands). A pod's agent polls every
+    `PROGRESS_POLL_SECONDS`."""
+    progress_summary_seconds: float = DEFAULT_PROGRESS_SUMMARY_SECONDS
+    """At most one progress summary per this many seconds goes to the controller (a stall and
+    its end at once)."""
+    hang_seconds: float | None = None
+    """No step for this long while the trainer runs is a stall; None: never."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
@@ -103,6 +119,11 @@ class Config:
             arrival_url=arrival_url,
             arrival_token_file=Path(
                 env.get(ENV_ARRIVAL_TOKEN, "").strip() or DEFAULT_ARRIVAL_TOKEN
+            ),
+            progress_poll_seconds=PROGRESS_POLL_SECONDS,
+            hang_seconds=number(ENV_HANG_SECONDS, 0.0) or None,
+            progress_summary_seconds=number(
+                ENV_PROGRESS_SUMMARY_SECONDS, DEFAULT_PROGRESS_SUMMARY_SECONDS
             ),
         )
 

@@ -13,6 +13,9 @@ cannot be reached for `Config.direct_fallback_seconds`, or refuses the agent's t
 agent writes the annotation instead, exactly as without this channel, and watches the apiserver.
 A controller that answers 429 is reachable, only busy: the agent waits as told and reports again,
 however long that takes.
+
+Beside the arrival, `ProgressChannel` POSTs the trainer's progress summaries to `/v1/progress`
+with the same token (docs/progress.md), best effort and never by annotation.
 """
 
 from __future__ import annotations
@@ -29,8 +32,9 @@ from typing import Any, Protocol
 from agent.apiclient import ApiError, ClientError, JsonDict
 from agent.arrival import Arrival
 from agent.config import Config
+from agent.progress import Summary
 from agent.protocol import Backoff, JobState
-from api.constants import ARRIVALS_PATH
+from api.constants import ARRIVALS_PATH, PROGRESS_PATH
 
 STREAM_INACTIVITY_SECONDS = 90.0
 """The controller writes the state line again every 30 s; this long silent is a dead stream."""
@@ -48,6 +52,12 @@ class Streamer(Protocol):
         inactivity_timeout: float = 90.0,
         token: str | None = None,
     ) -> AsyncIterator[JsonDict]: ...
+
+
+class ControllerClient(Streamer, Protocol):
+    """What the agent needs of its client to the controller: the arrival stream and a POST."""
+
+    async def post(self, path: str, body: JsonDict, *, token: str | None = None) -> JsonDict: ...
 
 
 class Refused(Exception):
@@ -68,6 +78,71 @@ def report_body(
         "epoch": epoch,
         "exit": list(exit) if exit is not None else None,
     }
+
+
+def progress_body(config: Config, epoch: int, summary: Summary) -> JsonDict:
+    """The JSON the agent POSTs to `/v1/progress`: who it is (as in its arrival report), the
+    epoch its trainer runs at, and the summary of its progress there (docs/progress.md)."""
+    return {
+        "namespace": config.namespace,
+        "job": config.job_name,
+        "pod": config.pod_name,
+        "uid": config.pod_uid,
+        "epoch": epoch,
+        "progress": {
+            "step": summary.step,
+            "checkpoint": summary.checkpoint,
+            "computeSeconds": summary.compute,
+            "stepsPerSecond": summary.steps_per_second,
+            "idleSeconds": round(summary.idle_seconds, 3),
+            "stalled": summary.stalled,
+            "malformed": summary.malformed,
+            "trainer": None
+            if summary.trainer_state is None
+            else {"state": summary.trainer_state, "cpuSeconds": summary.trainer_cpu_seconds},
+        },
+    }
+
+
+class ProgressChannel:
+    """Progress summaries to the controller, one POST each, with the arrival token. Best effort:
+    a summary the controller does not take is not retried (the next one says more), and the
+    annotation fallback carries no progress."""
+
+    def __init__(
+        self, client: ControllerClient, config: Config, log: logging.LoggerAdapter[logging.Logger]
+    ) -> None:
+        self._client = client
+        self._config = config
+        self._log = log
+        self._failing = False
+
+    async def send(self, epoch: int, summary: Summary) -> bool:
+        try:
+            token = _token(self._config)
+            await self._client.post(
+                PROGRESS_PATH, progress_body(self._config, epoch, summary), token=token
+            )
+        except (ClientError, Refused) as e:
+            # Said once per outage: while the endpoint is down every period fails alike.
+            log = self._log.debug if self._failing else self._log.info
+            log("progress not sent (%s): it pauses until the controller takes it", e)
+            self._failing = True
+            return False
+        if self._failing:
+            self._log.info("progress reaches the controller again")
+            self._failing = False
+        return True
+
+
+def _token(config: Config) -> str:
+    try:
+        token = Path(config.arrival_token_file).read_text().strip()
+    except OSError as e:
+        raise Refused(f"no token for the controller ({e})") from None
+    if not token:
+        raise Refused(f"{config.arrival_token_file} is empty")
+    return token
 
 
 class DirectArrival:
@@ -119,15 +194,6 @@ class DirectArrival:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await hold
 
-    def _token(self) -> str:
-        try:
-            token = Path(self._config.arrival_token_file).read_text().strip()
-        except OSError as e:
-            raise Refused(f"no token for the controller ({e})") from None
-        if not token:
-            raise Refused(f"{self._config.arrival_token_file} is empty")
-        return token
-
     async def _run(
         self, epoch: int, exit: tuple[int, int] | None, accepted: asyncio.Future[None]
     ) -> None:
@@ -141,7 +207,7 @@ class DirectArrival:
                     "POST",
                     ARRIVALS_PATH,
                     body,
-                    token=self._token(),
+                    token=_token(self._config),
                     inactivity_timeout=STREAM_INACTIVITY_SECONDS,
                 )
                 async for event in stream:

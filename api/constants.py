@@ -303,11 +303,45 @@ ENV_ARRIVAL_TOKEN: Final = "GANGJOB_ARRIVAL_TOKEN_FILE"
 ENV_EPOCH: Final = "GANGJOB_EPOCH"
 """Set by the agent in the trainer's environment (`Process` mode): the epoch it runs at."""
 
+ENV_PROGRESS: Final = "GANGJOB_PROGRESS"
+"""In every trainer's environment: the file it writes its progress to, `step=<int>` lines with
+optional ` compute=<seconds>` and ` checkpoint=<int>` (docs/progress.md)."""
+ENV_HANG_SECONDS: Final = "GANGJOB_HANG_SECONDS"
+"""The agent's: `spec.progress.hangSeconds`; unset or 0, the agent detects no stall."""
+ENV_PROGRESS_SUMMARY_SECONDS: Final = "GANGJOB_PROGRESS_SUMMARY_SECONDS"
+"""The agent's: at most one progress summary per this many seconds to the controller (default
+`DEFAULT_PROGRESS_SUMMARY_SECONDS`); a builder may raise it for large gangs, whose summaries
+cost the controller N / period requests a second."""
+DEFAULT_PROGRESS_SUMMARY_SECONDS: Final = 30.0
+"""As often as the controller writes a job's progress into its status, at most."""
+ENV_PYTHONPATH: Final = "PYTHONPATH"
+"""Where the agent starts the trainer, `$GANGJOB_DIR/python` goes first on it, so that the
+trainer can `import gangjob_progress`."""
+
 DEFAULT_AGENT_PORT: Final = 9445
 DEFAULT_DIR: Final = "/gangjob"
 DEFAULT_KILL_GRACE_SECONDS: Final = 10.0
 EPOCH_FILE: Final = "epoch"
 """Name of the file in `$GANGJOB_DIR` holding the epoch whose barrier opened (decimal + LF)."""
+
+PROGRESS_DIR: Final = "progress"
+"""In `$GANGJOB_DIR`: the one directory the trainer writes to (its progress files and its stack
+dumps). Emptied by the agent at every arrival, so that an epoch's progress starts blank."""
+PROGRESS_FILE: Final = f"{PROGRESS_DIR}/steps"
+"""`$GANGJOB_PROGRESS` is `$GANGJOB_DIR/progress/steps`. A torchrun local process writes
+`steps.<LOCAL_RANK>` beside it (the helper does); the agent reads them all."""
+STACKS_PREFIX: Final = "stacks."
+"""`$GANGJOB_DIR/progress/stacks.<pid>`: a trainer process that registered the stack dump (the
+helper's `faulthandler`); its first line `pid=<pid> start=<starttime>` names the process, and
+the dump is appended below it on `STACKS_SIGNAL`."""
+STACKS_SIGNAL: Final = "SIGUSR1"
+"""What the agent sends a stalled trainer process that registered a stack dump."""
+STACKS_FILE: Final = "stacks"
+"""`$GANGJOB_DIR/stacks`: the stacks the agent collected at the last stall, whole."""
+HELPER_DIR: Final = "python"
+"""`$GANGJOB_DIR/python`: holds `gangjob_progress.py`, written by the agent at start."""
+HELPER_MODULE: Final = "gangjob_progress"
+"""The progress helper's module name: `import gangjob_progress` in the trainer."""
 
 BARRIER_PATH: Final = "/barrier"
 """Probe path: 200 once the barrier of the agent's epoch is open, else 503."""
@@ -321,6 +355,9 @@ where it stands without reading its pod and its GangJob."""
 ARRIVALS_PATH: Final = "/v1/arrivals"
 """The controller's arrival endpoint (docs/design.md section 3): POST a report, read the
 GangJob's state as a stream of JSON lines while the report holds."""
+PROGRESS_PATH: Final = "/v1/progress"
+"""The controller's progress endpoint, beside `ARRIVALS_PATH` and with the same token: POST one
+summary of a worker's training progress (docs/progress.md); answered 204, no stream."""
 ARRIVAL_AUDIENCE: Final = "gangjob.io/arrival"
 """Audience of the projected service-account token the agent shows the controller: the
 apiserver rejects it for anything else, so a leaked one opens nothing but this endpoint."""

@@ -6,6 +6,9 @@ A report is `(pod UID, epoch, optional trainer exit)`, the same facts as the pod
 `gangjob.io/epoch` and `gangjob.io/exit`, and `plan` reads both channels alike: whichever says
 the later epoch wins.
 
+The book also keeps each worker's latest training progress, as its agent summarised it to
+`/v1/progress` (docs/progress.md): `WorkerProgress`, read by `progress` and `progress_of`.
+
 Reports live in memory only, and that is safe: an agent holds its report's stream open and
 sends the report again when it breaks (a restarted or new leader), or falls back to the
 annotation; once the barrier of an epoch is open `plan` knows from the status alone that every
@@ -17,7 +20,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from controller.policy.classify import all_containers_restarting
 from controller.policy.views import PodView
@@ -49,6 +54,44 @@ class Report:
     def waiting(self) -> bool:
         """Arrived at `epoch` and not failed there: one of the barrier's expected arrivals."""
         return self.exit is None or self.exit[0] < self.epoch
+
+
+@dataclass(frozen=True)
+class WorkerProgress:
+    """A worker's training progress at an epoch, as its agent last summarised it (docs/progress.md).
+    Times are the controller's wall clock (seconds since the epoch), from when the summary came
+    in: the agent sends durations, so that no clock of another machine is read."""
+
+    uid: str
+    epoch: int
+    step: int
+    """The worker's step (the lowest of its trainer's local processes)."""
+    steps_per_second: float | None
+    """Over the time since the agent's previous summary (None in its first)."""
+    checkpoint: int | None
+    """The latest step durably checkpointed, as the trainer said."""
+    compute_seconds: float | None
+    """The trainer's own compute time in its latest step (the slowest local process)."""
+    step_changed_at: float
+    """When the step last changed (or was first reported at this epoch)."""
+    stalled_since: float | None
+    """`step_changed_at` while the agent finds the worker stalled: its step has not changed for
+    the job's hangSeconds while its trainer runs. None: not stalled."""
+    malformed: int
+    """Malformed progress lines the agent read at this epoch."""
+    received_at: float
+    trainer_state: str | None = None
+    """The state of the trainer's processes (/proc's letter, the most telling: `T` stopped,
+    `D` in the kernel, `R`, `S`) where the agent sees them; None where it does not (a sidecar
+    outside the trainer's process namespace)."""
+    trainer_cpu_seconds: float | None = None
+    """Their CPU time together, where the agent sees them (its growth between two summaries
+    says they ran)."""
+
+    def supersedes(self, other: WorkerProgress) -> bool:
+        """Whether this summary replaces `other` (same pod): another pod's, or not an older
+        epoch's."""
+        return self.uid != other.uid or self.epoch >= other.epoch
 
 
 def proven(report: Report, held: Report | None) -> Report:
@@ -111,6 +154,9 @@ class ArrivalBook:
         self._job_of: dict[tuple[str, str], str] = {}
         self._waiting: dict[str, Counter[int]] = {}
         self._changed: dict[str, asyncio.Event] = {}
+        self._progress: dict[str, dict[str, WorkerProgress]] = {}
+        """Per GangJob (namespace/name), per pod name: the latest progress."""
+        self._progress_job: dict[tuple[str, str], str] = {}
         self.closing = False
         """The server is stopping: streams end now (their agents report to the next leader)."""
 
@@ -160,6 +206,39 @@ class ArrivalBook:
         held = self._reports.get((namespace, pod))
         if held is not None and held.uid == uid:
             self._drop((namespace, pod))
+        job = self._progress_job.get((namespace, pod))
+        if job is not None:
+            of_job = self._progress[job]
+            if of_job[pod].uid == uid:
+                del of_job[pod], self._progress_job[(namespace, pod)]
+                if not of_job:
+                    del self._progress[job]
+
+    def record_progress(self, job: str, pod: str, progress: WorkerProgress) -> bool:
+        """Keeps `progress` of pod `pod` (a worker of GangJob `job`, namespace/name) unless it
+        is older than the one held. True if the worker's stall began or ended with it."""
+        namespace = job.partition("/")[0]
+        key = (namespace, pod)
+        held_job = self._progress_job.get(key)
+        held = self._progress[held_job].get(pod) if held_job is not None else None
+        if held is not None and not progress.supersedes(held):
+            return False
+        if held_job is not None and held_job != job:
+            del self._progress[held_job][pod]
+        self._progress.setdefault(job, {})[pod] = progress
+        self._progress_job[key] = job
+        was_stalled = held is not None and held.uid == progress.uid and held.stalled_since
+        return bool(was_stalled) != (progress.stalled_since is not None)
+
+    def progress(self, namespace: str, pod: str) -> WorkerProgress | None:
+        """The pod's latest progress, if its agent sent any."""
+        job = self._progress_job.get((namespace, pod))
+        return self._progress[job].get(pod) if job is not None else None
+
+    def progress_of(self, job: str) -> Mapping[str, WorkerProgress]:
+        """The latest progress of each worker of GangJob `job` (namespace/name), by pod name.
+        Of any epoch: the reader compares `epoch` (and `uid`) with the pod it judges."""
+        return MappingProxyType(self._progress.get(job, {}))
 
     def apply(self, view: PodView) -> PodView:
         """`with_report` of the pod's view and the report held for it."""

@@ -2,7 +2,8 @@
 who sends it (controller.arrivals.auth), record it in the book (controller.arrivals.book), and
 answer with a stream of the GangJob's state, one JSON line per change of `status.epoch`,
 `barrierEpoch` or `phase` in this controller's cache (so only what is stored in the apiserver),
-which spares every agent its own watch.
+which spares every agent its own watch. Beside it, `POST /v1/progress` takes a worker's progress
+summary (docs/progress.md) with the same checks, into the same book, and answers at once.
 
 Whoever reaches the port may send anything (docs/design.md, "The arrival endpoint's limits"):
 bodies are small, requests not yet authenticated are bounded in number (over it: 429 with
@@ -16,17 +17,19 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
+from prometheus_client import Counter
 
-from api.constants import ARRIVALS_PATH
+from api.constants import ARRIVALS_PATH, PROGRESS_PATH
 from api.v1alpha1 import Phase
 from controller.arrivals.auth import Identity, Unauthorized
-from controller.arrivals.book import ArrivalBook, Report
+from controller.arrivals.book import ArrivalBook, Report, WorkerProgress
 from controller.runtime import metrics
 
 log = logging.getLogger(__name__)
@@ -39,6 +42,7 @@ HEARTBEAT_SECONDS = 30.0
 (90 s) tells a dead controller from a quiet gang."""
 TERMINAL = frozenset({Phase.SUCCEEDED, Phase.FAILED})
 MAX_INCARNATION = 64
+P = TypeVar("P")
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,110 @@ def parse_report(body: Any) -> Posted:
     return Posted(text("namespace"), text("job"), text("pod"), report)
 
 
+@dataclass(frozen=True)
+class PostedProgress:
+    """A parsed progress request."""
+
+    namespace: str
+    job: str
+    pod: str
+    uid: str
+    epoch: int
+    step: int
+    steps_per_second: float | None
+    checkpoint: int | None
+    compute_seconds: float | None
+    idle_seconds: float
+    stalled: bool
+    malformed: int
+    trainer_state: str | None = None
+    trainer_cpu_seconds: float | None = None
+
+    def progress(self, now: float) -> WorkerProgress:
+        """As the book keeps it, received at `now` (wall clock)."""
+        changed_at = now - self.idle_seconds
+        return WorkerProgress(
+            uid=self.uid,
+            epoch=self.epoch,
+            step=self.step,
+            steps_per_second=self.steps_per_second,
+            checkpoint=self.checkpoint,
+            compute_seconds=self.compute_seconds,
+            step_changed_at=changed_at,
+            stalled_since=changed_at if self.stalled else None,
+            malformed=self.malformed,
+            received_at=now,
+            trainer_state=self.trainer_state,
+            trainer_cpu_seconds=self.trainer_cpu_seconds,
+        )
+
+
+def parse_progress(body: Any) -> PostedProgress:
+    """The request body as a progress summary, or `BadReport` naming the field that is wrong."""
+    if not isinstance(body, dict):
+        raise BadReport("the body must be a JSON object")
+    summary = body.get("progress")
+    if not isinstance(summary, dict):
+        raise BadReport("progress: an object is required")
+
+    def text(name: str) -> str:
+        value = body.get(name)
+        if not isinstance(value, str) or not value:
+            raise BadReport(f"{name}: a non-empty string is required")
+        return value
+
+    def count(where: dict[str, Any], name: str, field: str, optional: bool = False) -> Any:
+        value = where.get(name)
+        if value is None and optional:
+            return None
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise BadReport(f"{field}: a non-negative integer is required")
+        return value
+
+    def seconds(name: str, optional: bool = True, where: str = "progress") -> Any:
+        holder = summary if where == "progress" else summary.get("trainer") or {}
+        value = holder.get(name)
+        if value is None and optional:
+            return None
+        if (
+            not isinstance(value, int | float)
+            or isinstance(value, bool)
+            or not math.isfinite(value)
+            or value < 0
+        ):
+            raise BadReport(f"{where}.{name}: a non-negative number is required")
+        return float(value)
+
+    trainer = summary.get("trainer")
+    state: str | None = None
+    if trainer is not None:
+        if not isinstance(trainer, dict):
+            raise BadReport("progress.trainer: an object or null is required")
+        state = trainer.get("state")
+        if not isinstance(state, str) or len(state) != 1:
+            raise BadReport("progress.trainer.state: a process state letter is required")
+
+    stalled = summary.get("stalled", False)
+    if not isinstance(stalled, bool):
+        raise BadReport("progress.stalled: true or false is required")
+    return PostedProgress(
+        namespace=text("namespace"),
+        job=text("job"),
+        pod=text("pod"),
+        uid=text("uid"),
+        epoch=count(body, "epoch", "epoch"),
+        step=count(summary, "step", "progress.step"),
+        steps_per_second=seconds("stepsPerSecond"),
+        checkpoint=count(summary, "checkpoint", "progress.checkpoint", optional=True),
+        compute_seconds=seconds("computeSeconds"),
+        idle_seconds=seconds("idleSeconds", optional=False),
+        stalled=stalled,
+        malformed=count(summary, "malformed", "progress.malformed", optional=True) or 0,
+        trainer_state=state,
+        trainer_cpu_seconds=seconds("cpuSeconds", where="progress.trainer"),
+    )
+
+
 def state_line(job: JsonDict) -> bytes:
     """A GangJob's protocol state as one line of the stream (watch-event shaped, so that the
     agent reads it with the parser of its watch)."""
@@ -124,17 +232,21 @@ def arrivals_app(
     pod_job: Callable[[str, str], str | None],
     accepting: Callable[[], bool],
     on_report: Callable[[str], None],
+    on_stall: Callable[[str], None] | None = None,
     heartbeat: float = HEARTBEAT_SECONDS,
     limits: Limits = Limits(),
+    clock: Callable[[], float] = time.time,
 ) -> web.Application:
     """The endpoint. `job(key)` reads the GangJob from the cache; `pod_job(namespace, pod)`
     the name of the GangJob whose worker the cached pod is (None: no such pod in the cache);
     `accepting()` is whether this replica leads with synced caches; `on_report(key)` queues
-    the job for a pass."""
+    the job for a pass; `on_stall(key)` is told when a worker's stall begins or ends (a
+    progress summary alone queues nothing)."""
     # One line per version of each job, not one per stream: a job change wakes every stream of
     # its gang (thousands), and they all send the same bytes.
     lines: dict[str, tuple[str, bytes]] = {}
     accepted = metrics.ARRIVAL_REPORTS.labels("accepted")  # bound once: a restart brings N
+    progress_accepted = metrics.PROGRESS_REPORTS.labels("accepted")
     pending = 0
     # The stream each pod holds, by (namespace, pod): a newer report of the pod ends it.
     held: dict[tuple[str, str], asyncio.Task[Any]] = {}
@@ -157,7 +269,7 @@ def arrivals_app(
             return _busy(limits, f"{pending} reports are being checked")
         pending += 1
         try:
-            checked = await _check(request, auth[7:].strip())
+            checked = await _check(request, auth[7:].strip(), _posted_report)
         finally:
             pending -= 1
         if isinstance(checked, web.Response):
@@ -189,39 +301,68 @@ def arrivals_app(
                 del held[pod]
         return response
 
-    async def _check(request: web.Request, token: str) -> tuple[Posted, str] | web.Response:
-        """The report, if its sender may make it; else the refusal."""
+    async def _check(
+        request: web.Request,
+        token: str,
+        parse: Callable[[Any], tuple[P, Identity, str]],
+        counter: Counter = metrics.ARRIVAL_REPORTS,
+    ) -> tuple[P, str] | web.Response:
+        """The report, if its sender may make it; else the refusal. `parse` makes the report
+        of the body, with who sends it and for which GangJob."""
         try:
-            posted = parse_report(await request.json())
+            posted, mine, name = parse(await request.json())
         except web.HTTPRequestEntityTooLarge:
-            return _error(413, "invalid", f"a report is at most {MAX_BODY_BYTES} bytes")
+            return _error(413, "invalid", f"a report is at most {MAX_BODY_BYTES} bytes", counter)
         except (ValueError, BadReport) as e:
-            return _error(400, "invalid", f"not a report: {e}")
+            return _error(400, "invalid", f"not a report: {e}", counter)
         try:
             who = await authenticate(token)
         except Unauthorized as e:
-            return _error(401, "unauthorized", str(e))
+            return _error(401, "unauthorized", str(e), counter)
         except Exception as e:  # the apiserver did not answer the review: try again later
             log.warning("TokenReview failed: %s", e)
-            return _error(503, "unavailable", "cannot check the token now")
-        mine = Identity(posted.namespace, posted.pod, posted.report.uid)
+            return _error(503, "unavailable", "cannot check the token now", counter)
         if who != mine:
             message = f"the token is bound to pod {who.namespace}/{who.pod} (uid {who.uid})"
-            return _error(403, "forbidden", message)
-        key = f"{posted.namespace}/{posted.job}"
+            return _error(403, "forbidden", message, counter)
+        key = f"{mine.namespace}/{name}"
         if job(key) is None:
-            return _error(404, "unknown", f"gangjob {key} not found")
-        owner = pod_job(posted.namespace, posted.pod)
+            return _error(404, "unknown", f"gangjob {key} not found", counter)
+        owner = pod_job(mine.namespace, mine.pod)
         if owner is None:
             # Created moments ago, and not in this controller's cache yet: the agent retries.
-            return _error(503, "unavailable", f"pod {posted.namespace}/{posted.pod} not seen yet")
-        if owner != posted.job:
+            message = f"pod {mine.namespace}/{mine.pod} not seen yet"
+            return _error(503, "unavailable", message, counter)
+        if owner != name:
             message = (
-                f"pod {posted.namespace}/{posted.pod} is a worker of gangjob "
-                f"{posted.namespace}/{owner}, not of {key}"
+                f"pod {mine.namespace}/{mine.pod} is a worker of gangjob "
+                f"{mine.namespace}/{owner}, not of {key}"
             )
-            return _error(403, "forbidden", message)
+            return _error(403, "forbidden", message, counter)
         return posted, key
+
+    async def progress(request: web.Request) -> web.Response:
+        nonlocal pending
+        counter = metrics.PROGRESS_REPORTS
+        if not accepting():
+            return _error(503, "unavailable", "not leading (or caches not synced)", counter)
+        auth = request.headers.get("Authorization", "")
+        if not auth.startswith("Bearer ") or not auth[7:].strip():
+            return _error(401, "unauthorized", "a bearer token is required", counter)
+        if pending >= limits.pending:
+            return _busy(limits, f"{pending} reports are being checked", counter)
+        pending += 1
+        try:
+            checked = await _check(request, auth[7:].strip(), _posted_progress, counter)
+        finally:
+            pending -= 1
+        if isinstance(checked, web.Response):
+            return checked
+        posted, key = checked
+        progress_accepted.inc()
+        if book.record_progress(key, posted.pod, posted.progress(clock())) and on_stall:
+            on_stall(key)
+        return web.json_response({"kind": "Status", "status": "Success"}, status=202)
 
     async def _stream(
         request: web.Request, response: web.StreamResponse, posted: Posted, key: str
@@ -257,22 +398,38 @@ def arrivals_app(
 
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app.router.add_post(ARRIVALS_PATH, arrivals)
+    app.router.add_post(PROGRESS_PATH, progress)
     app.on_shutdown.append(closing)
     return app
 
 
+def _posted_report(body: Any) -> tuple[Posted, Identity, str]:
+    posted = parse_report(body)
+    return posted, Identity(posted.namespace, posted.pod, posted.report.uid), posted.job
+
+
+def _posted_progress(body: Any) -> tuple[PostedProgress, Identity, str]:
+    posted = parse_progress(body)
+    return posted, Identity(posted.namespace, posted.pod, posted.uid), posted.job
+
+
 def _error(
-    status: int, result: str, message: str, headers: dict[str, str] | None = None
+    status: int,
+    result: str,
+    message: str,
+    counter: Counter = metrics.ARRIVAL_REPORTS,
+    headers: dict[str, str] | None = None,
 ) -> web.Response:
-    metrics.ARRIVAL_REPORTS.labels(result).inc()
+    counter.labels(result).inc()
     body = {"kind": "Status", "status": "Failure", "code": status, "message": message}
     return web.json_response(body, status=status, headers=headers)
 
 
-def _busy(limits: Limits, why: str) -> web.Response:
+def _busy(limits: Limits, why: str, counter: Counter = metrics.ARRIVAL_REPORTS) -> web.Response:
     return _error(
         429,
         "throttled",
         f"too many requests ({why}): retry after {limits.retry_after_seconds}s",
+        counter,
         {"Retry-After": str(limits.retry_after_seconds)},
     )

@@ -152,6 +152,13 @@ ARRIVAL_REPORTS = Counter(
     ["result"],
     registry=REGISTRY,
 )
+PROGRESS_REPORTS = Counter(
+    "gangjob_progress_reports_total",
+    "Progress summaries agents sent to the controller's endpoint, by result (as "
+    "gangjob_arrival_reports_total)",
+    ["result"],
+    registry=REGISTRY,
+)
 ARRIVAL_STREAMS = Gauge(
     "gangjob_arrival_streams",
     "Open answers to arrival reports (each a worker waiting at, or running past, its barrier)",

@@ -225,6 +225,8 @@ class Controller:
     refuse: bool = False
     pod_jobs: dict[str, str] = dataclasses.field(default_factory=dict)
     """The GangJob of a pod in the controller's cache, where not JOB (pods of `fake`)."""
+    stalls: list[str] = dataclasses.field(default_factory=list)
+    """The jobs it was told a worker's stall began or ended in (progress summaries)."""
     _reported: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 
     def on_report(self, key: str) -> None:
@@ -271,6 +273,7 @@ async def controller() -> AsyncIterator[Controller]:
         pod_job=ctl.pod_job,
         accepting=lambda: True,
         on_report=ctl.on_report,
+        on_stall=ctl.stalls.append,
     )
     runner = web.AppRunner(app)
     await runner.setup()

@@ -128,6 +128,8 @@ def test_launch_env_reads_the_epoch_file(tmp_path: pathlib.Path) -> None:
         "X": "1",
         "GANGJOB_EPOCH": "3",
         "PET_RDZV_ID": "llama-epoch-3",
+        "GANGJOB_PROGRESS": str(tmp_path / "progress" / "steps"),
+        "PYTHONPATH": str(tmp_path / "python"),
     }
     assert rendezvous_id("llama", 3) != rendezvous_id("llama", 4)
 
