@@ -7,7 +7,7 @@ A report is `(pod UID, epoch, optional trainer exit)`, the same facts as the pod
 the later epoch wins.
 
 The book also keeps each worker's latest training progress, as its agent summarised it to
-`/v1/progress` (docs/progress.md): `WorkerProgress`, read by `progress` and `progress_of`.
+`/v1/progress` (docs/progress.md): `ProgressReport`, read by `progress` and `progress_of`.
 
 Reports live in memory only, and that is safe: an agent holds its report's stream open and
 sends the report again when it breaks (a restarted or new leader), or falls back to the
@@ -22,10 +22,11 @@ import dataclasses
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from types import MappingProxyType
 
 from controller.policy.classify import all_containers_restarting
-from controller.policy.views import PodView
+from controller.policy.views import PodView, WorkerProgress
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class Report:
 
 
 @dataclass(frozen=True)
-class WorkerProgress:
+class ProgressReport:
     """A worker's training progress at an epoch, as its agent last summarised it (docs/progress.md).
     Times are the controller's wall clock (seconds since the epoch), from when the summary came
     in: the agent sends durations, so that no clock of another machine is read."""
@@ -88,7 +89,21 @@ class WorkerProgress:
     """Their CPU time together, where the agent sees them (its growth between two summaries
     says they ran)."""
 
-    def supersedes(self, other: WorkerProgress) -> bool:
+    def view(self) -> WorkerProgress:
+        """What the policy reads of it (`PodView.progress`), its times as datetimes."""
+        return WorkerProgress(
+            epoch=self.epoch,
+            step=self.step,
+            steps_per_second=self.steps_per_second,
+            checkpoint=self.checkpoint,
+            compute_seconds=self.compute_seconds,
+            last_step_at=datetime.fromtimestamp(self.step_changed_at, UTC),
+            stalled=self.stalled_since is not None,
+            trainer_state=self.trainer_state,
+            malformed=self.malformed,
+        )
+
+    def supersedes(self, other: ProgressReport) -> bool:
         """Whether this summary replaces `other` (same pod): another pod's, or not an older
         epoch's."""
         return self.uid != other.uid or self.epoch >= other.epoch
@@ -147,14 +162,18 @@ class ArrivalBook:
 
     def __init__(self) -> None:
         self._reports: dict[tuple[str, str], Report] = {}
-        # Per pod, the last `with_report` of `apply`: (view, report, joined). A pass over a gang
-        # of N joins N views, nearly all the same objects as in the last pass (views are cached
-        # per pod version, reports kept until superseded): only changed pods are joined again.
-        self._joined: dict[tuple[str, str], tuple[PodView, Report, PodView]] = {}
+        # Per pod, the last join of `apply`: (view, report, progress, joined). A pass over a
+        # gang of N joins N views, nearly all the same objects as in the last pass (views are
+        # cached per pod version, reports and progress kept until superseded): only changed
+        # pods are joined again.
+        self._joined: dict[
+            tuple[str, str],
+            tuple[PodView, Report | None, ProgressReport | None, PodView],
+        ] = {}
         self._job_of: dict[tuple[str, str], str] = {}
         self._waiting: dict[str, Counter[int]] = {}
         self._changed: dict[str, asyncio.Event] = {}
-        self._progress: dict[str, dict[str, WorkerProgress]] = {}
+        self._progress: dict[str, dict[str, ProgressReport]] = {}
         """Per GangJob (namespace/name), per pod name: the latest progress."""
         self._progress_job: dict[tuple[str, str], str] = {}
         self.closing = False
@@ -214,7 +233,7 @@ class ArrivalBook:
                 if not of_job:
                     del self._progress[job]
 
-    def record_progress(self, job: str, pod: str, progress: WorkerProgress) -> bool:
+    def record_progress(self, job: str, pod: str, progress: ProgressReport) -> bool:
         """Keeps `progress` of pod `pod` (a worker of GangJob `job`, namespace/name) unless it
         is older than the one held. True if the worker's stall began or ended with it."""
         namespace = job.partition("/")[0]
@@ -230,27 +249,33 @@ class ArrivalBook:
         was_stalled = held is not None and held.uid == progress.uid and held.stalled_since
         return bool(was_stalled) != (progress.stalled_since is not None)
 
-    def progress(self, namespace: str, pod: str) -> WorkerProgress | None:
+    def progress(self, namespace: str, pod: str) -> ProgressReport | None:
         """The pod's latest progress, if its agent sent any."""
         job = self._progress_job.get((namespace, pod))
         return self._progress[job].get(pod) if job is not None else None
 
-    def progress_of(self, job: str) -> Mapping[str, WorkerProgress]:
+    def progress_of(self, job: str) -> Mapping[str, ProgressReport]:
         """The latest progress of each worker of GangJob `job` (namespace/name), by pod name.
         Of any epoch: the reader compares `epoch` (and `uid`) with the pod it judges."""
         return MappingProxyType(self._progress.get(job, {}))
 
     def apply(self, view: PodView) -> PodView:
-        """`with_report` of the pod's view and the report held for it."""
+        """`with_report` of the pod's view and the report held for it, and the progress its
+        agent last sent (of this pod: same UID)."""
         key = (view.namespace, view.name)
         report = self._reports.get(key)
-        if report is None:
+        progress = self.progress(view.namespace, view.name)
+        if progress is not None and progress.uid != view.uid:
+            progress = None
+        if report is None and progress is None:
             return view
         hit = self._joined.get(key)
-        if hit is not None and hit[0] is view and hit[1] is report:
-            return hit[2]
-        joined = with_report(view, report)
-        self._joined[key] = (view, report, joined)
+        if hit is not None and hit[0] is view and hit[1] is report and hit[2] is progress:
+            return hit[3]
+        joined = with_report(view, report) if report is not None else view
+        if progress is not None:
+            joined = dataclasses.replace(joined, progress=progress.view())
+        self._joined[key] = (view, report, progress, joined)
         return joined
 
     def job_changed(self, key: str) -> None:

@@ -29,7 +29,7 @@ from prometheus_client import Counter
 from api.constants import ARRIVALS_PATH, PROGRESS_PATH
 from api.v1alpha1 import Phase
 from controller.arrivals.auth import Identity, Unauthorized
-from controller.arrivals.book import ArrivalBook, Report, WorkerProgress
+from controller.arrivals.book import ArrivalBook, ProgressReport, Report
 from controller.runtime import metrics
 
 log = logging.getLogger(__name__)
@@ -128,10 +128,10 @@ class PostedProgress:
     trainer_state: str | None = None
     trainer_cpu_seconds: float | None = None
 
-    def progress(self, now: float) -> WorkerProgress:
+    def progress(self, now: float) -> ProgressReport:
         """As the book keeps it, received at `now` (wall clock)."""
         changed_at = now - self.idle_seconds
-        return WorkerProgress(
+        return ProgressReport(
             uid=self.uid,
             epoch=self.epoch,
             step=self.step,

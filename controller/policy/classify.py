@@ -390,6 +390,10 @@ def _hang_signal(s: _Signals, ctx: Context, pod: PodView, node: NodeView | None)
         return
     if progress is None or progress.epoch != ctx.epoch or not progress.stalled:
         return
+    # A sidecar outside the trainer's process namespace cannot see it end: the pod can.
+    trainer = pod.container(ctx.trainer)
+    if trainer is not None and trainer.state not in (None, "running"):
+        return
     s.add(FailureClass.HANG, hang_detail(progress, ctx.hang_seconds))
 
 

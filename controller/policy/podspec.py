@@ -31,26 +31,34 @@ from api.constants import (
     DEFAULT_AGENT_PORT,
     DEFAULT_ARRIVAL_TOKEN,
     DEFAULT_DIR,
+    DEFAULT_PROGRESS_SUMMARY_SECONDS,
     ENV_AGENT_PORT,
     ENV_ARRIVAL_TOKEN,
     ENV_ARRIVAL_URL,
     ENV_DIR,
     ENV_GANGJOB_NAME,
+    ENV_HANG_SECONDS,
     ENV_MASTER_ADDR,
     ENV_MASTER_PORT,
     ENV_POD_NAME,
     ENV_POD_NAMESPACE,
     ENV_POD_UID,
+    ENV_PROGRESS,
+    ENV_PROGRESS_SUMMARY_SECONDS,
+    ENV_PYTHONPATH,
     ENV_RANK,
     ENV_ROLE,
     ENV_ROLE_INDEX,
     ENV_ROLE_REPLICAS,
     ENV_WORLD_SIZE,
+    HELPER_DIR,
     KIND,
     LABEL_NAME,
     LABEL_RANK,
     LABEL_ROLE,
     LABEL_ROLE_INDEX,
+    PROGRESS_DIR,
+    PROGRESS_FILE,
     RESTART_EXIT_CODE,
     RESTART_MODES,
     SERVICE_ACCOUNT_DIR,
@@ -438,8 +446,14 @@ def _add_sidecar(w: _Shaping) -> None:
     (`trainer_restart_rule`) does the same for its retriable exit codes; without them a failed
     worker stays terminated and the controller recreates it."""
     trainer, spec = w.trainer, w.spec
-    trainer["env"] = _merge_env(trainer.get("env") or [], [{"name": ENV_DIR, "value": DEFAULT_DIR}])
-    _add_mounts(trainer, [_dir_mount(read_only=True)])
+    trainer["env"] = _merge_env(trainer.get("env") or [], _progress_env(trainer))
+    # The agent's directory is read-only to the trainer, but for the one it reports progress in.
+    progress_mount = {
+        "name": AGENT_VOLUME,
+        "mountPath": f"{DEFAULT_DIR}/{PROGRESS_DIR}",
+        "subPath": PROGRESS_DIR,
+    }
+    _add_mounts(trainer, [_dir_mount(read_only=True), progress_mount])
     if w.job.spec.nproc_per_node is not None:
         _launch_through_agent(trainer, w.field, w.mode)
         w.add_install()
@@ -583,8 +597,34 @@ def _agent_container(
     return container
 
 
+def _progress_env(trainer: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A trainer the kubelet starts: where the agent's directory is, where it writes its
+    progress, and the helper on its Python path (unless the template sets the path: the image's
+    own would be lost; the trainer then imports it from `$GANGJOB_DIR/python`)."""
+    env = [
+        {"name": ENV_DIR, "value": DEFAULT_DIR},
+        {"name": ENV_PROGRESS, "value": f"{DEFAULT_DIR}/{PROGRESS_FILE}"},
+    ]
+    if not any(e.get("name") == ENV_PYTHONPATH for e in trainer.get("env") or []):
+        env.append({"name": ENV_PYTHONPATH, "value": f"{DEFAULT_DIR}/{HELPER_DIR}"})
+    return env
+
+
+def summary_seconds(workers: int) -> float:
+    """How often each agent of a gang of `workers` may send its progress summary: every 30 s,
+    and for large gangs N/100 s, so that the controller takes at most 100 a second (0.2 ms of
+    its CPU each: 2% of a core; docs/progress.md)."""
+    return max(DEFAULT_PROGRESS_SUMMARY_SECONDS, workers / 100)
+
+
 def _agent_env(job: GangJob) -> list[dict[str, Any]]:
     """What the agent reads from its environment."""
+    progress: list[dict[str, Any]] = []
+    if job.spec.progress.hang_seconds is not None:
+        progress.append({"name": ENV_HANG_SECONDS, "value": str(job.spec.progress.hang_seconds)})
+    period = summary_seconds(len(job.spec.workers))
+    if period != DEFAULT_PROGRESS_SUMMARY_SECONDS:
+        progress.append({"name": ENV_PROGRESS_SUMMARY_SECONDS, "value": f"{period:g}"})
     return [
         {"name": ENV_GANGJOB_NAME, "value": job.metadata.name},
         {"name": ENV_POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -595,6 +635,7 @@ def _agent_env(job: GangJob) -> list[dict[str, Any]]:
         {"name": ENV_POD_UID, "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
         {"name": ENV_AGENT_PORT, "value": str(DEFAULT_AGENT_PORT)},
         {"name": ENV_DIR, "value": DEFAULT_DIR},
+        *progress,
     ]
 
 

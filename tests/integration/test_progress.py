@@ -22,7 +22,7 @@ from agent.config import Config
 from api.builders import gangjob
 from api.constants import ARRIVAL_AUDIENCE, LABEL_NAME, STACKS_FILE, AgentPlacement
 from controller.arrivals.auth import TokenAuthenticator
-from controller.arrivals.book import ArrivalBook, WorkerProgress
+from controller.arrivals.book import ArrivalBook, ProgressReport
 from controller.arrivals.server import arrivals_app
 from controller.k8s import GANGJOBS, PODS, TOKENREVIEWS, JsonDict, Kube
 from localcluster.cluster import Cluster
@@ -108,7 +108,7 @@ async def controller(sim_kube: Kube, namespace: str, worker: JsonDict) -> AsyncI
         await runner.cleanup()
 
 
-async def until_progress(book: ArrivalBook, namespace: str, stalled: bool) -> WorkerProgress:
+async def until_progress(book: ArrivalBook, namespace: str, stalled: bool) -> ProgressReport:
     """The worker's progress once the book holds a stalled (or any) one; polled, as the book
     signals nothing."""
     async with asyncio.timeout(DEADLINE):

@@ -82,6 +82,8 @@ def test_worker_pod() -> None:
     # Ours first (and the user's RANK replaced), so the user's env may refer to $(RANK).
     assert env_of(pod, "trainer") == [
         {"name": "GANGJOB_DIR", "value": "/gangjob"},
+        {"name": "GANGJOB_PROGRESS", "value": "/gangjob/progress/steps"},
+        {"name": "PYTHONPATH", "value": "/gangjob/python"},
         {"name": "MASTER_ADDR", "value": "llama-0.llama"},
         {"name": "MASTER_PORT", "value": "29500"},
         {"name": "WORLD_SIZE", "value": "4"},
@@ -111,8 +113,10 @@ def test_worker_pod_parses_back_as_the_worker() -> None:
 
 def test_trainer_container_named() -> None:
     pod = build_pod(make_job(trainerContainer="logger"), 0, AGENT)
-    assert [e["name"] for e in env_of(pod, "logger")][:5] == [
+    assert [e["name"] for e in env_of(pod, "logger")][:7] == [
         "GANGJOB_DIR",
+        "GANGJOB_PROGRESS",
+        "PYTHONPATH",
         "MASTER_ADDR",
         "MASTER_PORT",
         "WORLD_SIZE",
@@ -263,7 +267,8 @@ def test_pod_mode_trainer() -> None:
         {"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": [0]}}
     ]
     assert trainer["volumeMounts"] == [
-        {"name": "gangjob", "mountPath": "/gangjob", "readOnly": True}
+        {"name": "gangjob", "mountPath": "/gangjob", "readOnly": True},
+        {"name": "gangjob", "mountPath": "/gangjob/progress", "subPath": "progress"},
     ]
     assert trainer["env"][0] == {"name": "GANGJOB_DIR", "value": "/gangjob"}
     assert trainer["command"] == ["python", "train.py"]
@@ -539,6 +544,26 @@ def test_process_mode_also_via_status_mode() -> None:
 # --- Recreate mode -------------------------------------------------------------------------------
 
 
+def test_a_trainer_the_kubelet_starts_reports_progress_and_keeps_its_python_path() -> None:
+    own = {"name": "PYTHONPATH", "value": "/app"}
+    template = copy.deepcopy(TEMPLATE)
+    template["spec"]["containers"][0]["env"].append(own)
+    trainer = container(spec_of(make_job(template=template)), "trainer")
+    paths = [e for e in trainer["env"] if e["name"] == "PYTHONPATH"]
+    assert paths == [own]  # the image's own path is not replaced
+
+
+def test_the_agent_knows_hang_seconds_and_a_big_gangs_summary_period() -> None:
+    small = container(
+        spec_of(make_job(progress={"hangSeconds": 60})), "gangjob-agent", "initContainers"
+    )
+    assert {"name": "GANGJOB_HANG_SECONDS", "value": "60"} in small["env"]
+    assert all(e["name"] != "GANGJOB_PROGRESS_SUMMARY_SECONDS" for e in small["env"])
+    big = container(spec_of(make_job(replicas=5000)), "gangjob-agent", "initContainers")
+    assert {"name": "GANGJOB_PROGRESS_SUMMARY_SECONDS", "value": "50"} in big["env"]
+    assert all(e["name"] != "GANGJOB_HANG_SECONDS" for e in big["env"])
+
+
 def test_recreate_mode_has_the_barrier_but_no_restart_rules() -> None:
     spec = spec_of(make_job(restart={"mode": "Recreate"}))
     assert spec["initContainers"] == [sidecar()]
@@ -546,7 +571,8 @@ def test_recreate_mode_has_the_barrier_but_no_restart_rules() -> None:
     assert trainer["restartPolicy"] == "Never"
     assert "restartPolicyRules" not in trainer
     assert trainer["volumeMounts"] == [
-        {"name": "gangjob", "mountPath": "/gangjob", "readOnly": True}
+        {"name": "gangjob", "mountPath": "/gangjob", "readOnly": True},
+        {"name": "gangjob", "mountPath": "/gangjob/progress", "subPath": "progress"},
     ]
 
 

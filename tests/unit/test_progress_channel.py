@@ -28,7 +28,7 @@ from api.constants import (
     STACKS_FILE,
     AgentPlacement,
 )
-from controller.arrivals.book import ArrivalBook, WorkerProgress
+from controller.arrivals.book import ArrivalBook, ProgressReport
 from controller.arrivals.server import BadReport, parse_progress
 from tests.unit.test_agent import DEADLINE, NS, FakeApi, make_config, polled, running, until
 from tests.unit.test_arrivals import Controller, controller
@@ -198,7 +198,7 @@ def test_the_agents_summary_parses_into_the_books_progress(tmp_path: pathlib.Pat
     sent = summary(stalled=True, trainer_state="D", trainer_cpu_seconds=1.5)
     posted = parse_progress(progress_body(config, 3, sent))
     assert (posted.namespace, posted.job, posted.pod, posted.uid) == (NS, "train", "train-0", "u0")
-    assert posted.progress(now=100.0) == WorkerProgress(
+    assert posted.progress(now=100.0) == ProgressReport(
         uid="u0",
         epoch=3,
         step=10,
@@ -254,8 +254,8 @@ def test_a_bad_summary_names_the_field(
 
 def progress(
     uid: str = "u0", epoch: int = 1, step: int = 5, stalled: bool = False
-) -> WorkerProgress:
-    return WorkerProgress(
+) -> ProgressReport:
+    return ProgressReport(
         uid, epoch, step, 1.0, None, None, 10.0, 10.0 if stalled else None, 0, 20.0
     )
 
