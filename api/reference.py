@@ -34,6 +34,7 @@ from api.constants import (
     VERSION,
 )
 from api.crd import PRINTER_COLUMNS, openapi_schema
+from api.failures import FAILURE_CLASSES
 from api.podtemplate import KUBERNETES_VERSION as PINNED_KUBERNETES
 from api.v1alpha1 import (
     HOSTNAME_TOPOLOGY_KEY,
@@ -223,6 +224,8 @@ that they may refer to ours as `$(RANK)`); a worker of an unranked role gets the
 | `PET_MAX_RESTARTS` | `0`: restarts are the gang's | torchrun |
 | `PET_RDZV_ID` | `<job>-epoch-<E>`, by the agent at each start at epoch `E` (below) | torchrun |
 | `GANGJOB_EPOCH` | `E`, set with `PET_RDZV_ID` | every trainer |
+| `GANGJOB_PROGRESS` | `/gangjob/progress/steps`, for its steps (Progress) | every trainer |
+| `PYTHONPATH` | `/gangjob/python`, the helper's (unless the template sets it) | every trainer |
 
 `PET_RDZV_ID` and `GANGJOB_EPOCH` are set by the agent where it starts the trainer: in
 `Process` mode always, in the other modes when `spec.nprocPerNode` is set (the trainer's command
@@ -231,6 +234,76 @@ environment. torchrun then gives each of its `P` processes, local rank `l`: `RAN
 `WORLD_SIZE = N * P`, `LOCAL_RANK = l`, `LOCAL_WORLD_SIZE = P`, `GROUP_RANK = r`. Its static
 rendezvous (the default backend) keys its store on rank 0 by `PET_RDZV_ID`, so workers of
 different epochs never meet. See [torchrun.md](torchrun.md).
+"""
+
+
+def _failure_classes() -> str:
+    rows = "".join(
+        f"| `{cls}` | {m.summary} | `{m.action}` | {'yes' if m.counted else 'no'} | "
+        f"{'yes' if m.infrastructure else 'no'} |\n"
+        for cls, m in FAILURE_CLASSES.items()
+    )
+    return (
+        "\n## Failure classes\n\n`status.lastRestart.trigger.class`, and what "
+        "`failurePolicy.rules[].onFailureClasses` matches. When one worker shows several "
+        "signals, the first class below explains it; with no rule matching, the class's "
+        "action is taken and counted as the table says (a rule's `countsTowardsMaxRestarts` "
+        "overrides it):\n\n"
+        "| class | signal | action | counted | infrastructure |\n"
+        "| --- | --- | --- | --- | --- |\n" + rows
+    )
+
+
+PROGRESS_GUIDE: Final = """
+## Progress
+
+A trainer tells GangJob how far it got by writing lines to the file `$GANGJOB_PROGRESS`
+(`/gangjob/progress/steps`, in every trainer's environment):
+
+```
+step=<int> [compute=<seconds>] [checkpoint=<int>]
+```
+
+`step` is required; `compute` is this process's own compute in that step, without waiting for
+other ranks; `checkpoint` is the latest step durably checkpointed. Replace the file
+(`echo "step=$i" > "$GANGJOB_PROGRESS"`) or append to it; a line that does not read so is
+ignored and counted (`status.progress.malformedLines`), never fatal. A Python trainer imports
+the helper the agent puts on its path: `import gangjob_progress;
+gangjob_progress.step(i, compute=c, checkpoint=k)`, which also registers a dump of its stacks
+(`faulthandler` on `SIGUSR1`) that the agent collects when it finds the trainer stalled, into
+its log and `$GANGJOB_DIR/stacks`. torchrun's local processes report one file each (the
+helper writes `steps.<LOCAL_RANK>`); the worker is as far as its slowest process.
+
+With `spec.progress.hangSeconds` set, a worker whose step has not advanced that long while its
+trainer runs (after its first report of the epoch, once the barrier is open) has failed with
+class `Hang`: by default the gang restarts in place, counted, and the trigger names the worker
+that hung, not the ones that waited for it (or says they cannot be told apart). A trainer that
+never reports is never hung. Each agent sends the controller a summary at most every 30 s (one
+message at once for a stall), never an apiserver write; `status.progress` is written at most
+every 30 s and at each restart. The sample [`train.py`](../manifests/samples/ddp/train.py)
+reports through the helper; the whole contract: [progress.md](progress.md).
+"""
+
+
+GOODPUT_GUIDE: Final = """
+## Goodput
+
+`status.goodput` says what the job's failures cost. Wall time runs from `status.startTime` to
+now (or the job's end). Lost time (`lostSeconds`), by cause:
+
+| cause | from | to |
+| --- | --- | --- |
+| `scheduling` | the job's start | its first barrier open (pods placed and started) |
+| `detection` | a failure's onset (a `Hang`: the last step) | the epoch raised |
+| `restart` | the epoch raised | the new epoch's barrier open |
+| `recompute` | the barrier open | the gang back where it was: `lostSteps` at the rate before |
+
+`productiveSeconds` is the rest, and `ratio` = productive / wall: Meta's effective training
+time ratio (ETTR), and Google's goodput with its badput buckets folded into these four
+(resource acquisition and program startup: `scheduling`; disruption and recovery: `detection`
+and `restart`; wasted progress since the last checkpoint: `recompute`). Without progress
+reports `recompute` is unknown (0) and a restart's onset is its detection. Metrics:
+`gangjob_goodput_ratio{namespace,name}`, `gangjob_badput_seconds_total{cause}`.
 """
 
 
@@ -397,7 +470,10 @@ def render() -> str:
         out.append(f"\n## {top}\n")
         _sections(top, props[top], out)
     out.append(CONDITIONS)
+    out.append(_failure_classes())
     out.append(WORKER_ENVIRONMENT)
+    out.append(PROGRESS_GUIDE)
+    out.append(GOODPUT_GUIDE)
     return "".join(out)
 
 

@@ -1360,6 +1360,12 @@ class ProgressStatus(_Model):
     reporting: int = Field(
         default=0, ge=0, description="Workers whose trainer reported progress at the epoch."
     )
+    malformed_lines: int = Field(
+        default=0,
+        ge=0,
+        description="Lines of the workers' progress files at the epoch that were not "
+        "`step=<int> [compute=<seconds>] [checkpoint=<int>]`: ignored, and counted here.",
+    )
     updated_at: Time | None = Field(
         default=None,
         description="When this was written: every 30 s at most while the gang runs, and at "

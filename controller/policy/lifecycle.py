@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, Final
 
+from api import naming
 from api.constants import (
     ANNOTATION_RESTART_MODE,
     REASON_INVALID_TEMPLATE,
@@ -119,7 +120,7 @@ def create(p: Pass) -> bool:
     taken = p.gang.names - forced
     keep_off: list[str] | None = None
     for rank in p.active():
-        if podspec.worker_pod_name(job, rank) in taken:
+        if naming.worker_pod_name(job, rank) in taken:
             continue
         try:
             pod = podspec.build_pod(job, rank, p.config.agent_image, p.config.arrival_url)

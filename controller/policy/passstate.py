@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
+from api import naming
 from api.constants import AVOID_NODES_LIMIT, HISTORY_LIMIT, ConditionType
 from api.v1alpha1 import (
     ConditionStatus,
@@ -21,7 +22,6 @@ from api.v1alpha1 import (
     RoleStatus,
     WorkersStatus,
 )
-from controller.policy import podspec
 from controller.policy.classify import Decision
 from controller.policy.conditions import set_condition
 from controller.policy.gang import Gang
@@ -320,7 +320,7 @@ def worker_text(p: Pass, rank: int | None) -> str:
         return "the gang"
     if not 0 <= rank < len(p.job.spec.workers):
         return f"worker {rank}"
-    return f"worker {rank} (pod {podspec.worker_pod_name(p.job, rank)})"
+    return f"worker {rank} (pod {naming.worker_pod_name(p.job, rank)})"
 
 
 def job_for_pods(p: Pass, mode: RestartMode) -> GangJob:

@@ -66,10 +66,7 @@ from api.constants import (
     WRAPPED_ZIPAPP,
     AgentPlacement,
 )
-from api.naming import coordinator_pod_name, master_addr, service_name
-
-# Re-exported: the policy steps name a worker's pod as `podspec.worker_pod_name`.
-from api.naming import worker_pod_name as worker_pod_name
+from api.naming import coordinator_pod_name, master_addr, service_name, worker_pod_name
 from api.v1alpha1 import GangJob, RestartMode, Role, WorkerSlot
 from controller.policy import kueue
 from controller.policy.classify import retriable_exit_codes

@@ -54,6 +54,7 @@ def gang_progress(found: Sequence[WorkerProgress], now: datetime) -> ProgressSta
             else None
         ),
         reporting=len(steps),
+        malformed_lines=sum(w.malformed for w in found),
         updated_at=now,
     )
 
