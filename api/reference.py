@@ -225,7 +225,7 @@ that they may refer to ours as `$(RANK)`); a worker of an unranked role gets the
 | `PET_RDZV_ID` | `<job>-epoch-<E>`, by the agent at each start at epoch `E` (below) | torchrun |
 | `GANGJOB_EPOCH` | `E`, set with `PET_RDZV_ID` | every trainer |
 | `GANGJOB_PROGRESS` | `/gangjob/progress/steps`, for its steps (Progress) | every trainer |
-| `PYTHONPATH` | `/gangjob/python`, the helper's (unless the template sets it) | every trainer |
+| `PYTHONPATH` | `/gangjob/python` first, the helper's, where the agent starts it | Process mode |
 
 `PET_RDZV_ID` and `GANGJOB_EPOCH` are set by the agent where it starts the trainer: in
 `Process` mode always, in the other modes when `spec.nprocPerNode` is set (the trainer's command
@@ -268,8 +268,12 @@ step=<int> [compute=<seconds>] [checkpoint=<int>]
 other ranks; `checkpoint` is the latest step durably checkpointed. Replace the file
 (`echo "step=$i" > "$GANGJOB_PROGRESS"`) or append to it; a line that does not read so is
 ignored and counted (`status.progress.malformedLines`), never fatal. A Python trainer imports
-the helper the agent puts on its path: `import gangjob_progress;
-gangjob_progress.step(i, compute=c, checkpoint=k)`, which also registers a dump of its stacks
+the helper the agent writes into `$GANGJOB_DIR/python`: `import gangjob_progress;
+gangjob_progress.step(i, compute=c, checkpoint=k)`. Where the agent starts the trainer
+(`Process` mode, `spec.nprocPerNode`) that directory is first on its `PYTHONPATH`; where the
+kubelet does, the image's `PYTHONPATH` stands (a pod's would replace it), and the trainer adds
+it: `sys.path.append(os.environ["GANGJOB_DIR"] + "/python")`. The helper also registers a dump
+of its stacks
 (`faulthandler` on `SIGUSR1`) that the agent collects when it finds the trainer stalled, into
 its log and `$GANGJOB_DIR/stacks`. torchrun's local processes report one file each (the
 helper writes `steps.<LOCAL_RANK>`); the worker is as far as its slowest process.

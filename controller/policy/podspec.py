@@ -45,13 +45,11 @@ from api.constants import (
     ENV_POD_UID,
     ENV_PROGRESS,
     ENV_PROGRESS_SUMMARY_SECONDS,
-    ENV_PYTHONPATH,
     ENV_RANK,
     ENV_ROLE,
     ENV_ROLE_INDEX,
     ENV_ROLE_REPLICAS,
     ENV_WORLD_SIZE,
-    HELPER_DIR,
     KIND,
     LABEL_NAME,
     LABEL_RANK,
@@ -443,7 +441,7 @@ def _add_sidecar(w: _Shaping) -> None:
     (`trainer_restart_rule`) does the same for its retriable exit codes; without them a failed
     worker stays terminated and the controller recreates it."""
     trainer, spec = w.trainer, w.spec
-    trainer["env"] = _merge_env(trainer.get("env") or [], _progress_env(trainer))
+    trainer["env"] = _merge_env(trainer.get("env") or [], _progress_env())
     # The agent's directory is read-only to the trainer, but for the one it reports progress in.
     progress_mount = {
         "name": AGENT_VOLUME,
@@ -594,17 +592,15 @@ def _agent_container(
     return container
 
 
-def _progress_env(trainer: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """A trainer the kubelet starts: where the agent's directory is, where it writes its
-    progress, and the helper on its Python path (unless the template sets the path: the image's
-    own would be lost; the trainer then imports it from `$GANGJOB_DIR/python`)."""
-    env = [
+def _progress_env() -> list[dict[str, Any]]:
+    """A trainer the kubelet starts: where the agent's directory is and where it writes its
+    progress. Not `PYTHONPATH`: the pod's would replace the image's own (the trainer image's
+    site-packages are often there), which the controller cannot see; such a trainer imports the
+    helper from `$GANGJOB_DIR/python` (docs/api.md "Progress")."""
+    return [
         {"name": ENV_DIR, "value": DEFAULT_DIR},
         {"name": ENV_PROGRESS, "value": f"{DEFAULT_DIR}/{PROGRESS_FILE}"},
     ]
-    if not any(e.get("name") == ENV_PYTHONPATH for e in trainer.get("env") or []):
-        env.append({"name": ENV_PYTHONPATH, "value": f"{DEFAULT_DIR}/{HELPER_DIR}"})
-    return env
 
 
 def summary_seconds(workers: int) -> float:

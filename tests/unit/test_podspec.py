@@ -83,7 +83,6 @@ def test_worker_pod() -> None:
     assert env_of(pod, "trainer") == [
         {"name": "GANGJOB_DIR", "value": "/gangjob"},
         {"name": "GANGJOB_PROGRESS", "value": "/gangjob/progress/steps"},
-        {"name": "PYTHONPATH", "value": "/gangjob/python"},
         {"name": "MASTER_ADDR", "value": "llama-0.llama"},
         {"name": "MASTER_PORT", "value": "29500"},
         {"name": "WORLD_SIZE", "value": "4"},
@@ -113,10 +112,9 @@ def test_worker_pod_parses_back_as_the_worker() -> None:
 
 def test_trainer_container_named() -> None:
     pod = build_pod(make_job(trainerContainer="logger"), 0, AGENT)
-    assert [e["name"] for e in env_of(pod, "logger")][:7] == [
+    assert [e["name"] for e in env_of(pod, "logger")][:6] == [
         "GANGJOB_DIR",
         "GANGJOB_PROGRESS",
-        "PYTHONPATH",
         "MASTER_ADDR",
         "MASTER_PORT",
         "WORLD_SIZE",
@@ -544,13 +542,12 @@ def test_process_mode_also_via_status_mode() -> None:
 # --- Recreate mode -------------------------------------------------------------------------------
 
 
-def test_a_trainer_the_kubelet_starts_reports_progress_and_keeps_its_python_path() -> None:
-    own = {"name": "PYTHONPATH", "value": "/app"}
-    template = copy.deepcopy(TEMPLATE)
-    template["spec"]["containers"][0]["env"].append(own)
-    trainer = container(spec_of(make_job(template=template)), "trainer")
-    paths = [e for e in trainer["env"] if e["name"] == "PYTHONPATH"]
-    assert paths == [own]  # the image's own path is not replaced
+def test_a_trainer_the_kubelet_starts_keeps_the_images_python_path() -> None:
+    # The image's PYTHONPATH (a trainer image's site-packages) is unknown to the controller: a
+    # value in the pod would replace it.
+    for mode in ("Pod", "Recreate"):
+        trainer = container(spec_of(make_job(restart={"mode": mode})), "trainer")
+        assert all(e["name"] != "PYTHONPATH" for e in trainer["env"])
 
 
 def test_the_agent_knows_hang_seconds_and_a_big_gangs_summary_period() -> None:

@@ -38,8 +38,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+# The progress helper the GangJob agent writes into its directory. Where the agent starts the
+# trainer it is on PYTHONPATH already; where the kubelet does (Pod mode) the image's path stands.
+sys.path.append(os.path.join(os.environ.get("GANGJOB_DIR", "/gangjob"), "python"))
 try:
-    import gangjob_progress  # on the path the GangJob agent gives the trainer
+    import gangjob_progress
 except ImportError:  # not run by GangJob
     gangjob_progress = None
 
