@@ -3,9 +3,11 @@
 Builds what is missing (Kubernetes binaries, the trainer image), starts the `node` profile as
 cluster `demo`, installs the CRD, RBAC and admission policy, runs the controller (recorded with
 the cluster, so `localcluster down --name demo` stops it too), submits
-manifests/samples/pytorch-ddp.yaml, kills one worker's training process from the host, and
-shows what a user would watch: the GangJob's progress, the restart's Event and duration, the
-trainer resuming from its checkpoint. Usage: python -m localcluster.demo [--name demo]
+manifests/samples/pytorch-ddp.yaml, kills one worker's training process from the host, then
+stops (SIGSTOP) one, as a wedged device leaves a process, and shows what a user would watch: the
+GangJob's progress, each restart's Event, duration and what it cost, the trainer resuming from
+its checkpoint, the stacks the agents collected from the hung gang, and the job's goodput.
+Usage: python -m localcluster.demo [--name demo]
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import argparse
 import json
 import os
 import shutil
+import signal
+import subprocess
 import sys
 import time
 import urllib.error
@@ -22,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from api.constants import AGENT_CONTAINER
 from localcluster.chaos import kill_trainer
 from localcluster.cluster import Cluster, Options
 from localcluster.node import AGENT_IMAGE, Bridge, ensure_trainer_image
@@ -31,6 +36,7 @@ from localcluster.tools import REPO, controller_kubeconfig, install_crd, kubectl
 SAMPLE = REPO / "manifests" / "samples" / "pytorch-ddp.yaml"
 NAMESPACE = "default"
 KILL_AFTER_STEP = 30
+HANG_AFTER_STEP = 90
 POLL = 0.5  # seconds between looks at the job: a demo prints, it does not need a watch
 
 
@@ -67,10 +73,13 @@ class Demo:
     def row(self, job: dict[str, Any]) -> str:
         st = job.get("status", {})
         w = st.get("workers", {})
+        step = (st.get("progress") or {}).get("step")
+        ratio = (st.get("goodput") or {}).get("ratio")
         return (
             f"{self.name:<12} {st.get('phase', ''):<11} {w.get('ready', 0)}/{w.get('total', 0):<4} "
             f"{st.get('epoch', 0):<6} {st.get('barrierEpoch', '-')!s:<8} "
-            f"{st.get('restarts', {}).get('total', 0)}"
+            f"{st.get('restarts', {}).get('total', 0):<9}{'-' if step is None else step!s:<6}"
+            f"{'-' if ratio is None else f'{100 * ratio:.0f}%'}"
         )
 
     def show(self, job: dict[str, Any]) -> None:
@@ -129,7 +138,10 @@ class Demo:
                 "--ignore-not-found", "--wait=true", timeout=120)  # fmt: skip
         shutil.rmtree(self.checkpoints, ignore_errors=True)  # a fresh run, from step 0
         say(kubectl(self.cluster, "-n", NAMESPACE, "apply", "-f", str(SAMPLE)).strip())
-        say(f"\n{'':9}{'NAME':<12} {'PHASE':<11} {'READY':<6} {'EPOCH':<6} {'BARRIER':<8} RESTARTS")
+        say(
+            f"\n{'':9}{'NAME':<12} {'PHASE':<11} {'READY':<6} {'EPOCH':<6} {'BARRIER':<8} "
+            f"{'RESTARTS':<9}{'STEP':<6}GOODPUT"
+        )
 
     def train_until_checkpoint(self) -> None:
         shown = 0.0
@@ -152,30 +164,84 @@ class Demo:
         banner(f"kill -9 of rank 1's training process (host pid {pid}), as an OOM kill would")
         return time.time()
 
-    def watch_restart(self, killed_at: float) -> None:
-        resumed_shown = False
+    def watch_restart(self, epoch: int, failed_at: float) -> None:
+        """Until the trainers resumed at `epoch`: the restart's trigger, its cost, the Events."""
         while True:
             job = self.get_job()
             self.show(job)
             st = job.get("status", {})
-            if st.get("barrierEpoch") == 1 and not resumed_shown:
-                for line in self.trainer_log(1, tail=400):
-                    if "epoch=1" in line and ("resumed" in line or "no checkpoint" in line):
-                        last = st.get("lastRestart", {})
-                        say(f"{self.elapsed()}   {self.name}-1: {line}")
-                        say(
-                            f"{self.elapsed()}   restart: trigger {last.get('trigger')}, "
-                            f"durationSeconds {last.get('durationSeconds')} (failure seen -> "
-                            f"barrier open); kill -> training resumed "
-                            f"{time.time() - killed_at:.1f}s (at most, as seen here)"
-                        )
-                        resumed_shown = True
-                        self.events()
+            if st.get("phase") in ("Succeeded", "Failed"):
+                raise SystemExit(f"the job ended before it resumed at epoch {epoch}: {st}")
+            if st.get("barrierEpoch") == epoch:
+                resumed = [
+                    line
+                    for line in self.trainer_log(1, tail=400)
+                    if f"epoch={epoch}" in line and ("resumed" in line or "no checkpoint" in line)
+                ]
+                if resumed:
+                    break
+            time.sleep(POLL)
+        last = st.get("lastRestart", {})
+        trigger = last.get("trigger", {})
+        say(f"{self.elapsed()}   {self.name}-1: {resumed[-1]}")
+        say(
+            f"{self.elapsed()}   restart: {trigger.get('class')} of worker {trigger.get('worker')}"
+            f" ({trigger.get('detail')}), durationSeconds {last.get('durationSeconds')} (failure "
+            f"seen -> barrier open); failure -> training resumed "
+            f"{time.time() - failed_at:.1f}s (at most, as seen here); lost "
+            f"{last.get('lostSteps')} steps since the checkpoint of step "
+            f"{last.get('checkpointStep')}"
+        )
+        self.events()
+
+    def train_until_step(self, step: int) -> None:
+        while self.summary().get("step", 0) < step:
+            job = self.get_job()
+            self.show(job)
+            if job.get("status", {}).get("phase") in ("Failed", "Succeeded"):
+                raise SystemExit(f"the job ended early: {job['status']}")
+            time.sleep(POLL)
+
+    def hang(self) -> float:
+        pod = self.cluster.api("GET", f"/api/v1/namespaces/{NAMESPACE}/pods/{self.name}-1")
+        pid = kill_trainer(self.cluster, pod, sig=signal.SIGSTOP)
+        hang_seconds = self.job["spec"]["progress"]["hangSeconds"]
+        banner(
+            f"SIGSTOP of rank 1's training process (host pid {pid}): alive and silent, as a "
+            f"wedged GPU leaves it; rank 0 waits for it in the all-reduce. PyTorch would notice "
+            f"when gloo's timeout fired; GangJob, {hang_seconds}s after rank 1's last step"
+        )
+        return time.time()
+
+    def stacks(self, rank: int) -> None:
+        """What the agent of `rank` collected when it found its trainer stalled."""
+        try:
+            log = kubectl(
+                self.cluster, "-n", NAMESPACE, "logs", f"{self.name}-{rank}",
+                "-c", AGENT_CONTAINER, "--previous", timeout=10,
+            )  # fmt: skip
+        except RuntimeError:
+            return
+        lines = log.splitlines()
+        start = next((i for i, ln in enumerate(lines) if "stacks of the stalled" in ln), None)
+        if start is None:
+            return
+        say(f"{self.elapsed()}   the stacks rank {rank}'s agent collected (its log):")
+        for line in lines[start : start + 14]:
+            say(f"{'':13}{line[:110]}")
+
+    def watch_end(self) -> None:
+        while True:
+            job = self.get_job()
+            self.show(job)
+            st = job.get("status", {})
             if st.get("phase") in ("Succeeded", "Failed"):
                 break
             time.sleep(POLL)
         banner(f"the job {st['phase']}")
-        say(kubectl(self.cluster, "-n", NAMESPACE, "get", "gj", self.name).rstrip())
+        say(kubectl(self.cluster, "-n", NAMESPACE, "get", "gj", self.name, "-o", "wide").rstrip())
+        say("")
+        say(gangjob_status(self.cluster, self.name).rstrip())
         say(f"\nlast checkpoint: {self.summary()}")
         self.events()
 
@@ -203,6 +269,16 @@ Run it again: make demo (reuses the cluster). Clean up (stops the cluster and th
 the pod bridge): .venv/bin/localcluster down --name {self.cluster.name}""")  # noqa: E501
 
 
+def gangjob_status(cluster: Cluster, name: str) -> str:
+    """`gangjob status NAME`, as the user would run it."""
+    res = subprocess.run(
+        [sys.executable, "-m", "cli.main", "status", f"--kubeconfig={cluster.kubeconfig}",
+         "-n", NAMESPACE, name],
+        capture_output=True, text=True, timeout=60, cwd=REPO,
+    )  # fmt: skip
+    return res.stdout if res.returncode == 0 else f"gangjob status failed: {res.stderr}"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m localcluster.demo", description=__doc__)
     p.add_argument("--name", default="demo", help="the local cluster's name")
@@ -217,7 +293,12 @@ def main(argv: list[str] | None = None) -> int:
     demo.t0 = time.monotonic()
     demo.train_until_checkpoint()
     killed_at = demo.kill()
-    demo.watch_restart(killed_at)
+    demo.watch_restart(1, killed_at)
+    demo.train_until_step(HANG_AFTER_STEP)
+    stopped_at = demo.hang()
+    demo.watch_restart(2, stopped_at)
+    demo.stacks(0)
+    demo.watch_end()
     demo.closing()
     say(f"\ndemo took {time.monotonic() - t0:.0f}s")
     return 0

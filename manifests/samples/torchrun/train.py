@@ -31,6 +31,15 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+# The progress helper the GangJob agent writes into its directory (docs/api.md "Progress"): each
+# of torchrun's local processes reports its own steps (the helper writes one file per
+# LOCAL_RANK); the worker is as far as its slowest process.
+sys.path.append(os.path.join(os.environ.get("GANGJOB_DIR", "/gangjob"), "python"))
+try:
+    import gangjob_progress
+except ImportError:  # not run by GangJob
+    gangjob_progress = None
+
 FEATURES = 16
 BATCH = 32
 CHECKPOINT = re.compile(r"^ckpt-(\d{8})\.pt$")
@@ -106,9 +115,12 @@ def main() -> int:
     ddp = DistributedDataParallel(model)
     true_w = torch.arange(FEATURES, dtype=torch.float32).unsqueeze(1) / FEATURES
 
+    checkpointed = start
     for step in range(start + 1, steps + 1):
+        began = time.perf_counter()
         x, y = batch(step, rank, true_w)
         loss = nn.functional.mse_loss(ddp(x), y)
+        compute = time.perf_counter() - began  # this process's own work, before the all-reduce
         loss.backward()  # gradients are all-reduced over gloo here
         # Plain SGD by hand: torch.optim's first use imports torch._dynamo, seconds of CPU that
         # every restart would pay again.
@@ -124,6 +136,9 @@ def main() -> int:
                 save_checkpoint(ckpt_dir, step, summary, state)
                 log(epoch, rank, f"checkpoint step={step}")
             dist.barrier()  # no rank runs ahead of a checkpoint it might need to resume from
+            checkpointed = step
+        if gangjob_progress is not None:
+            gangjob_progress.step(step, compute=compute, checkpoint=checkpointed)
         time.sleep(pause)
 
     log(epoch, rank, f"training done at step={steps}")
