@@ -1,6 +1,7 @@
 """Gang restart durations on a REAL node (kubelet + containerd), the three modes side by side.
 
     python -m benchmarks.node_restart [--restarts 20] [--workers 3] [--cluster node] [--keep]
+    python -m benchmarks.node_restart --modes Pod-hang,Process-hang --restarts 5
 
 For each mode (Pod, Process, Recreate) a gang of busybox/python trainers runs on a local
 cluster of the `node` profile (`--cluster`, started if it is not up); rank 1's trainer exits 1
@@ -11,6 +12,13 @@ opening (`durationSeconds` of the restart's record), collected from every status
 mode the agents' logs also give every stop of a trainer that was still running (the gang moved
 on), how long it took and how many outlived SIGTERM and its grace (SIGKILLed, exit 137). The
 workers' logs are kept in results/node_restart-logs/.
+
+The `-hang` modes measure hang detection instead: the trainers report a step a second
+(`$GANGJOB_PROGRESS`), and rank 1's stops reporting, alive, at its 6th step of every epoch below
+--restarts; with `spec.progress.hangSeconds` = --hang-seconds the gang restarts as `Hang`. A
+restart's detection time runs from the hung trainer's last report (the container runtime's
+timestamp of the log line it wrote then) to the epoch raised (`detectedAt`); both are this
+machine's clock. Printed against hangSeconds (the goal: at most 2 s more).
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ import re
 import statistics
 import sys
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import yaml
@@ -36,6 +44,7 @@ from localcluster.node import AGENT_IMAGE
 from localcluster.tools import REPO, ControllerProcess, controller_kubeconfig, install_crd, kubectl
 
 MODES = ("Pod", "Process", "Recreate")
+HANG_MODES = ("Pod-hang", "Process-hang")
 TRAINER = r"""
 trap 'exit 0' TERM
 e=$(cat "$GANGJOB_DIR/epoch")
@@ -45,19 +54,56 @@ while :; do sleep 1 & wait $!; done
 """
 
 
-def gangjob(mode: str, workers: int, restarts: int) -> JsonDict:
+HANG_TRAINER = r"""
+trap 'exit 0' TERM
+e=${GANGJOB_EPOCH:-$(cat "$GANGJOB_DIR/epoch")}
+i=0
+while :; do
+  i=$((i+1))
+  echo "step=$i" > "$GANGJOB_PROGRESS"
+  if [ "$RANK" = 1 ] && [ "$e" -lt "$RESTARTS" ] && [ "$i" -ge 6 ]; then
+    echo "rank 1 hangs after step $i at epoch $e"
+    while :; do sleep 1 & wait $!; done
+  fi
+  sleep 1 & wait $!
+done
+"""
+
+
+def gangjob(mode: str, workers: int, restarts: int, hang_seconds: int = 5) -> JsonDict:
+    restart_mode, _, hang = mode.partition("-")
     return builders.gangjob(
         f"bench-{mode.lower()}", workers,
         # Process mode runs the agent in the trainer's image: it needs python3.
-        image=AGENT_IMAGE if mode == "Process" else "localhost/busybox:dev",
-        command=["sh", "-c", TRAINER],
+        image=AGENT_IMAGE if restart_mode == "Process" else "localhost/busybox:dev",
+        command=["sh", "-c", HANG_TRAINER if hang else TRAINER],
         container={
             "imagePullPolicy": "Never",
             "env": [{"name": "RESTARTS", "value": str(restarts)}],
         },
         pod_spec={"terminationGracePeriodSeconds": 5},
-        restart_mode=mode, max_restarts=restarts + 1,
+        restart_mode=restart_mode, max_restarts=restarts + 1,
+        spec={"progress": {"hangSeconds": hang_seconds}} if hang else None,
     )  # fmt: skip
+
+
+HUNG = re.compile(r"rank 1 hangs after step \d+ at epoch (\d+)")
+
+
+def hang_onsets(log: str) -> dict[int, datetime]:
+    """The hung trainer's log (kubectl logs --timestamps): epoch -> when it last reported."""
+    onsets = {}
+    for line in log.splitlines():
+        stamp, _, text = line.partition(" ")
+        if m := HUNG.search(text):
+            onsets[int(m.group(1))] = _stamp(stamp)
+    return onsets
+
+
+def _stamp(stamp: str) -> datetime:
+    # RFC 3339 in UTC with up to nanoseconds; datetime holds microseconds.
+    whole, _, fraction = stamp.rstrip("Z").partition(".")
+    return datetime.fromisoformat(f"{whole}.{fraction[:6]:0<6}").replace(tzinfo=UTC)
 
 
 def p90(values: list[float]) -> float:
@@ -85,9 +131,7 @@ def trainer_stops(log: str) -> list[tuple[float, int]]:
     stops, began = [], None
     for line in log.splitlines():
         stamp, _, text = line.partition(" ")
-        # RFC 3339 in UTC with up to nanoseconds; datetime holds microseconds.
-        whole, _, fraction = stamp.rstrip("Z").partition(".")
-        at = datetime.fromisoformat(f"{whole}.{fraction[:6]:0<6}")
+        at = _stamp(stamp)
         if "stopping the trainer" in text:
             began = at
         elif (m := STOPPED.search(text)) and began is not None:
@@ -121,11 +165,11 @@ def keep_logs(cluster: Cluster, ns: str, pods: list[str]) -> list[str]:
 
 
 async def run_mode(
-    kube: Kube, cluster: Cluster, mode: str, workers: int, restarts: int
+    kube: Kube, cluster: Cluster, mode: str, workers: int, restarts: int, hang_seconds: int
 ) -> dict[str, Any]:
     ns = f"bench-{mode.lower()}-{int(time.time())}"
     kubectl(cluster, "create", "namespace", ns)
-    body = gangjob(mode, workers, restarts)
+    body = gangjob(mode, workers, restarts, hang_seconds)
     name = body["metadata"]["name"]
     t0 = time.monotonic()
     kubectl(cluster, "-n", ns, "apply", "-f", "-", stdin=yaml.safe_dump(body))
@@ -154,6 +198,13 @@ async def run_mode(
     wall = time.monotonic() - t0
     logs = keep_logs(cluster, ns, [f"{name}-{rank}" for rank in range(workers)])
     stops = [stop for log in logs if mode == "Process" for stop in trainer_stops(log)]
+    onsets = {epoch: at for log in logs for epoch, at in hang_onsets(log).items()}
+    # Restart to epoch E+1 detected the hang that began at epoch E.
+    detections = [
+        (_stamp(finished[e]["detectedAt"]) - onsets[e - 1]).total_seconds()
+        for e in sorted(finished)
+        if e - 1 in onsets
+    ]
     kubectl(cluster, "delete", "namespace", ns, "--wait=false")
     each = [finished[epoch]["durationSeconds"] for epoch in sorted(finished)]
     if len(each) < restarts:
@@ -172,6 +223,10 @@ async def run_mode(
         "trainer_stops": len(stops),
         "trainer_stop_max_s": round(max((s for s, _ in stops), default=0.0), 2),
         "trainers_killed": sum(1 for _, code in stops if code == 137),
+        "hang_seconds": hang_seconds if mode.endswith("-hang") else None,
+        "detections_s": [round(d, 2) for d in detections],
+        "detection_median_s": round(statistics.median(detections), 2) if detections else None,
+        "detection_max_s": round(max(detections), 2) if detections else None,
     }
 
 
@@ -192,7 +247,9 @@ async def run(args: argparse.Namespace) -> int:
     try:
         async with await Kube.from_kubeconfig(cluster.kubeconfig) as kube:
             for mode in args.modes.split(","):
-                res = await run_mode(kube, cluster, mode, args.workers, args.restarts)
+                res = await run_mode(
+                    kube, cluster, mode, args.workers, args.restarts, args.hang_seconds
+                )
                 print(f"{mode}: {res}", file=sys.stderr)
                 results.append(res)
     finally:
@@ -212,6 +269,37 @@ async def run(args: argparse.Namespace) -> int:
         f"\nGang restart, failure detected -> barrier open, real kubelet, {args.workers} workers,"
         f" {args.restarts} restarts per mode (`--restarts {args.restarts}`):"
     )
+    hangs = [r for r in results if r["detections_s"]]
+    if hangs:
+        print(
+            "\nHang detection, the hung trainer's last report -> epoch raised "
+            f"(hangSeconds {args.hang_seconds}; goal: at most hangSeconds + 2 s):\n"
+        )
+        print(
+            markdown_table(
+                [
+                    "mode",
+                    "hangs",
+                    "median (s)",
+                    "max (s)",
+                    "median - hangSeconds (s)",
+                    "goal",
+                    "each (s)",
+                ],
+                [
+                    [
+                        r["mode"],
+                        len(r["detections_s"]),
+                        r["detection_median_s"],
+                        r["detection_max_s"],
+                        round(r["detection_median_s"] - args.hang_seconds, 2),
+                        "met" if r["detection_median_s"] <= args.hang_seconds + 2 else "not met",
+                        ", ".join(f"{d:.2f}" for d in r["detections_s"]),
+                    ]
+                    for r in hangs
+                ],
+            )
+        )
     print(f"\n{table}\n\nresults: {path}")
     return 0
 
@@ -220,7 +308,8 @@ def main() -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.node_restart", description=__doc__)
     p.add_argument("--restarts", type=int, default=20, help="gang restarts per mode")
     p.add_argument("--workers", type=int, default=3)
-    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(MODES + HANG_MODES)}")
+    p.add_argument("--hang-seconds", type=int, default=5, help="spec.progress.hangSeconds")
     p.add_argument("--cluster", default="node", help="local cluster (node profile)")
     p.add_argument("--keep", action="store_true", help="leave the cluster up afterwards")
     return asyncio.run(run(p.parse_args()))

@@ -26,6 +26,9 @@ HANG_SETTLE_SECONDS: Final = 1.0
 other workers' stall reports (or their progress), before it decides who hung."""
 HANG_APART_SECONDS: Final = 1.0
 """A worker that stalled this much earlier than every other stalled worker stalled first."""
+STACKS_HINT: Final = "the stacks its agent collected are in the agent's log"
+"""Where a hang's trigger sends the reader: each stalled worker's agent logs the stacks of its
+trainer's processes (docs/api.md "Progress")."""
 STUCK_STATES: Final = frozenset({"T", "t", "D", "Z"})
 """Process states of a trainer that cannot be merely waiting for its peers: stopped (a signal,
 a debugger), in uninterruptible sleep (a wedged driver or mount), or dead but unreaped."""
@@ -68,6 +71,7 @@ def blame(restarting: Sequence[Decision]) -> RestartTrigger | None:
         detail = first.failure.detail
         if others:
             detail += f" ({others} other workers stalled or failed behind it)"
+        detail += f"; {STACKS_HINT}"
         return RestartTrigger(
             worker=first.worker,
             failure_class=first.failure_class,
@@ -81,7 +85,8 @@ def blame(restarting: Sequence[Decision]) -> RestartTrigger | None:
         worker=None,
         failure_class=first.failure_class,
         detail=f"workers {shown} stalled within {HANG_APART_SECONDS:.0f}s of each other "
-        f"(their trainers: {', '.join(states)}): which one hung first cannot be told",
+        f"(their trainers: {', '.join(states)}): which one hung first cannot be told; "
+        f"{STACKS_HINT}",
         action=first.action,
     )
 
