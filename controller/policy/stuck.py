@@ -326,8 +326,13 @@ def _arrival_channel(p: Pass) -> None:
             f"{len(by_annotation)} of {len(active)} workers arrived at epoch {p.status.epoch} by "
             f"pod annotation, not at the controller's arrival endpoint {url}: {shown}. They cannot "
             "reach it (a network policy, the Service gangjob-arrivals, or --arrival-url) or it "
-            "refused them; restarts still work, at one pod write per worker. Fix: let the "
-            "workers reach that URL."
+            "refused them; restarts still work, at one pod write per worker"
+            + (
+                ", but their progress does not reach the controller: their hangs go unseen"
+                if p.job.spec.progress.hang_seconds is not None
+                else ""
+            )
+            + ". Fix: let the workers reach that URL."
         )
         if degraded is None or degraded.status != ConditionStatus.TRUE:
             p.events.append(EventSpec("Warning", REASON_ARRIVAL_UNREACHABLE, message))

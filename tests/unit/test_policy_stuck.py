@@ -329,6 +329,17 @@ def test_arrivals_by_annotation_while_the_endpoint_is_served_are_said() -> None:
     assert condition(plan(observed), ConditionType.ARRIVAL_DEGRADED) is None
 
 
+def test_a_degraded_channel_says_hangs_go_unseen_when_they_are_watched() -> None:
+    status = restarting_status(epoch=1)
+    pods = [worker(0, 1), worker(1, 1), worker(2, 0)]
+    watched = gang(status=status, pods=pods, progress={"hangSeconds": 60})
+    message = (condition(plan(watched, ENDPOINT), ConditionType.ARRIVAL_DEGRADED) or ("",) * 3)[2]
+    assert "their hangs go unseen" in message
+    unwatched = gang(status=status, pods=pods)
+    message = (condition(plan(unwatched, ENDPOINT), ConditionType.ARRIVAL_DEGRADED) or ("",) * 3)[2]
+    assert "hangs" not in message
+
+
 def test_arrivals_through_the_endpoint_again_clear_it() -> None:
     status = restarting_status(epoch=1)
     observed = gang(status=status, pods=[worker(r, 1) for r in range(3)])
