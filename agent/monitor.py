@@ -281,11 +281,20 @@ class ProgressMonitor:
                 self.tracker.hang_seconds,
             )
             self._collecting = asyncio.create_task(self._collect(trainer_pid))
-        # A stall, or its end, is sent at once; the rest at most every summary period, and
-        # after a failed send not before the next (the endpoint down: progress pauses).
-        news = (self.tracker.stalled_since is not None) != (
+        # A stall, or its end, and a new checkpoint are sent at once (a failure's lost work is
+        # counted from the checkpoint, and checkpoints are rare); the rest at most every summary
+        # period, and after a failed send not before the next (the endpoint down: progress
+        # pauses).
+        stall_news = (self.tracker.stalled_since is not None) != (
             self._sent is not None and self._sent.stalled
         )
+        reading = self.tracker.reading
+        checkpoint_news = (
+            reading is not None
+            and reading.checkpoint is not None
+            and (self._sent is None or self._sent.checkpoint != reading.checkpoint)
+        )
+        news = stall_news or checkpoint_news
         due = now - self._sent_at >= self.config.progress_summary_seconds
         if self._sending is not None or now < self._retry_at or not (due or news):
             return

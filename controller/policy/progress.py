@@ -37,10 +37,24 @@ def reports(p: Pass) -> list[WorkerProgress]:
     return found
 
 
-def gang_progress(found: Sequence[WorkerProgress], now: datetime) -> ProgressStatus | None:
+def step_at(worker: WorkerProgress, at: datetime | None) -> int | None:
+    """The worker's step at `at`: the one it reported, or, for a worker that was still
+    stepping, that step and the steps its rate gives since (summaries come every 30 s; a stall
+    and a new checkpoint come at once, so those are exact)."""
+    if worker.step is None or at is None or worker.stalled or not worker.steps_per_second:
+        return worker.step
+    if worker.last_step_at is None or at <= worker.last_step_at:
+        return worker.step
+    return worker.step + int(worker.steps_per_second * (at - worker.last_step_at).total_seconds())
+
+
+def gang_progress(
+    found: Sequence[WorkerProgress], now: datetime, at: datetime | None = None
+) -> ProgressStatus | None:
     """The gang's progress: its lowest step (a synchronous gang is where its slowest worker is),
-    the median step rate, and the checkpoint every reporting worker has."""
-    steps = [w.step for w in found if w.step is not None]
+    the median step rate, and the checkpoint every reporting worker has; with `at`, the steps
+    as they were then (`step_at`)."""
+    steps = [s for s in (step_at(w, at) for w in found) if s is not None]
     if not steps:
         return None
     rates = [w.steps_per_second for w in found if w.steps_per_second is not None]
@@ -74,9 +88,10 @@ def lost_work(
 
 
 def on_restart(p: Pass, record: RestartRecord, onset_at: datetime | None) -> RestartRecord:
-    """The restart record of a failure, with what it lost: the gang's step and checkpoint as
-    last known (this pass's reports, else the status), and when the failure began."""
-    current = gang_progress(reports(p), p.stamp) or p.status.progress
+    """The restart record of a failure, with what it lost: the gang's step when the failure
+    began and its checkpoint, as the workers last reported them (else the status), and when
+    the failure began."""
+    current = gang_progress(reports(p), p.stamp, at=onset_at or p.now) or p.status.progress
     step, checkpoint, lost_steps, lost_seconds = lost_work(current)
     return record.model_copy(
         update={

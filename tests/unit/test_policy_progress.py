@@ -12,7 +12,7 @@ import pytest
 
 from api.v1alpha1 import BadputSeconds, GangJobStatus, ProgressStatus
 from controller.policy.plan import Observed, plan
-from controller.policy.progress import PROGRESS_WRITE_SECONDS
+from controller.policy.progress import PROGRESS_WRITE_SECONDS, step_at
 from controller.policy.views import WorkerProgress
 from tests.unit.builders import T0
 from tests.unit.gangs import GANG_NOW, carry_out, crashed, gang, record, running_status, worker
@@ -112,3 +112,14 @@ def test_goodput_charges_scheduling_detection_restart_and_recompute() -> None:
     assert goodput.wall_seconds == 103.0
     assert goodput.productive_seconds == 103.0 - 38.0
     assert goodput.ratio == round(65.0 / 103.0, 4)
+
+
+def test_a_workers_step_at_the_failure_runs_on_at_its_rate_since_its_last_summary() -> None:
+    at = GANG_NOW - timedelta(seconds=10)
+    stepping = WorkerProgress(epoch=0, step=100, steps_per_second=2.0, last_step_at=at)
+    assert step_at(stepping, GANG_NOW) == 120
+    assert step_at(stepping, at - timedelta(seconds=5)) == 100  # never behind its report
+    stalled = dataclasses.replace(stepping, stalled=True)
+    assert step_at(stalled, GANG_NOW) == 100  # a stall is exact
+    first = dataclasses.replace(stepping, steps_per_second=None)
+    assert step_at(first, GANG_NOW) == 100  # no rate yet: as reported

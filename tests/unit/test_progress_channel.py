@@ -120,6 +120,20 @@ async def test_summaries_are_batched_and_a_stall_is_one_message(
     assert "no trainer process to ask for stacks" in (run.config.dir / STACKS_FILE).read_text()
 
 
+async def test_a_new_checkpoint_is_sent_at_once(tmp_path: pathlib.Path, jitter: None) -> None:
+    # A failure's lost work counts from the checkpoint: the controller must know the latest one,
+    # and checkpoints are rare, so each costs one message.
+    run = Run(tmp_path)
+    for step in range(1, 41):
+        run.file.write_text(f"step={step} checkpoint={step // 10 * 10}\n")
+        await run.ticks(1)
+    checkpoints = [s.checkpoint for s in run.sent.summaries]
+    for checkpoint in (10, 20, 30, 40):
+        sent = next(s for s in run.sent.summaries if s.checkpoint == checkpoint)
+        assert sent.step == checkpoint  # the tick that read it sent it
+    assert len(run.sent.summaries) <= len(set(checkpoints)) + 3  # and little else
+
+
 async def test_a_summary_says_what_the_agent_sees_of_the_trainers_processes(
     tmp_path: pathlib.Path,
 ) -> None:
