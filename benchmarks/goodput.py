@@ -36,7 +36,7 @@ from api import builders
 from benchmarks.common import Progress, markdown_table, write_json
 from controller.k8s import GANGJOBS, JsonDict, Kube
 from localcluster.cluster import Cluster, Options
-from localcluster.node import AGENT_IMAGE
+from localcluster.node import AGENT_IMAGE, Bridge
 from localcluster.tools import REPO, ControllerProcess, controller_kubeconfig, install_crd, kubectl
 
 HANG_SECONDS = 5
@@ -142,10 +142,13 @@ async def run(args: argparse.Namespace) -> int:
     cluster.up(Options(profile="node"), sys.stderr)
     install_crd(cluster)
     kubectl(cluster, "apply", "-k", str(REPO / "manifests" / "policy"))
+    # Progress reaches the controller over the direct arrival channel, on the pod bridge.
     ctl = ControllerProcess(
         controller_kubeconfig(cluster),
         ["--log-level=info", f"--agent-image={AGENT_IMAGE}"],
         cluster.logs / "bench-goodput-controller.log",
+        arrivals=True,
+        arrival_host=Bridge.for_slot(cluster.ports.slot).gateway,
     )
     ctl.start()
     ctl.wait_ready()
