@@ -180,7 +180,9 @@ async def test_status_restart_and_delete(
 
     code, out, err = await gangjob(kubeconfig, "status", "-n", gang.ns, "cli")
     assert code == 0, err
-    history = out.splitlines()[out.splitlines().index("") + 2 :]
+    lines = out.splitlines()
+    restarts = next(i for i, line in enumerate(lines) if line.startswith("Restarts:"))
+    history = lines[restarts + 1 :]
     assert history[0].split()[:2] == ["EPOCH", "TRIGGER"]
     row = history[1].split()
     assert row[:4] == ["1", "gang", "ManualRestart", "RestartGang"]
