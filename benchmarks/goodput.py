@@ -34,10 +34,10 @@ import yaml
 
 from api import builders
 from benchmarks.common import Progress, markdown_table, write_json
+from benchmarks.realnode import controller_on_node
 from controller.k8s import GANGJOBS, JsonDict, Kube
-from localcluster.cluster import Cluster, Options
-from localcluster.node import AGENT_IMAGE, Bridge
-from localcluster.tools import REPO, ControllerProcess, controller_kubeconfig, install_crd, kubectl
+from localcluster.node import AGENT_IMAGE
+from localcluster.tools import kubectl
 
 HANG_SECONDS = 5
 CHECKPOINTS = Path("/var/tmp/gangjob-goodput")
@@ -137,26 +137,15 @@ def truth(logs: dict[int, list[JsonDict]], steps: int) -> tuple[float, dict[int,
 
 
 async def run(args: argparse.Namespace) -> int:
-    cluster = Cluster(args.cluster)
-    started = not cluster.is_up()
-    cluster.up(Options(profile="node"), sys.stderr)
-    install_crd(cluster)
-    kubectl(cluster, "apply", "-k", str(REPO / "manifests" / "policy"))
-    # Progress reaches the controller over the direct arrival channel, on the pod bridge.
-    ctl = ControllerProcess(
-        controller_kubeconfig(cluster),
-        ["--log-level=info", f"--agent-image={AGENT_IMAGE}"],
-        cluster.logs / "bench-goodput-controller.log",
-        arrivals=True,
-        arrival_host=Bridge.for_slot(cluster.ports.slot).gateway,
-    )
-    ctl.start()
-    ctl.wait_ready()
     ns = f"bench-goodput-{int(time.time())}"
     checkpoints = CHECKPOINTS / ns
     name = "goodput"
     records: dict[int, JsonDict] = {}
-    try:
+    # Progress reaches the controller over the direct arrival channel, on the pod bridge.
+    stage = controller_on_node(
+        args.cluster, "bench-goodput-controller.log", arrivals=True, keep=args.keep
+    )
+    with stage as (cluster, _):
         async with await Kube.from_kubeconfig(cluster.kubeconfig) as kube:
             kubectl(cluster, "create", "namespace", ns)
             body = gangjob(name, args.steps, args.every, args.pace, checkpoints)
@@ -191,10 +180,6 @@ async def run(args: argparse.Namespace) -> int:
                 out = kubectl(cluster, "-n", ns, "logs", f"{name}-{rank}", "-c", "trainer")
                 logs[rank] = [json.loads(ln) for ln in out.splitlines() if ln.startswith("{")]
             kubectl(cluster, "delete", "namespace", ns, "--wait=false")
-    finally:
-        ctl.stop()
-        if started and not args.keep:
-            cluster.down(sys.stderr)
     st = job["status"]
     wall = _time(st["completionTime"]) - _time(st["startTime"])
     productive, lost = truth(logs, args.steps)

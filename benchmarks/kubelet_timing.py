@@ -31,10 +31,10 @@ import yaml
 from api import builders
 from api.constants import ANNOTATION_EPOCH
 from benchmarks.common import Progress, markdown_table, write_json
+from benchmarks.realnode import controller_on_node
 from controller.k8s import GANGJOBS, PODS, JsonDict, Kube
-from localcluster.cluster import Cluster, Options
-from localcluster.node import AGENT_IMAGE, Bridge
-from localcluster.tools import REPO, ControllerProcess, controller_kubeconfig, install_crd, kubectl
+from localcluster.cluster import Cluster
+from localcluster.tools import kubectl
 
 AGENT = "gangjob-agent"
 RESTARTING = "AllContainersRestarting"
@@ -208,27 +208,13 @@ def summary(samples: list[float]) -> list[Any]:
 
 
 async def run(args: argparse.Namespace) -> int:
-    cluster = Cluster(args.cluster)
-    started = not cluster.is_up()
-    cluster.up(Options(profile="node"), sys.stderr)
-    install_crd(cluster)
-    kubectl(cluster, "apply", "-k", str(REPO / "manifests" / "policy"))
-    ctl = ControllerProcess(
-        controller_kubeconfig(cluster),
-        [f"--agent-image={AGENT_IMAGE}"],
-        cluster.logs / "kubelet-timing-controller.log",
-        arrivals=args.arrivals == "direct",
-        arrival_host=Bridge.for_slot(cluster.ports.slot).gateway,
-    )
-    ctl.start()
-    try:
-        ctl.wait_ready()
+    stage = controller_on_node(
+        args.cluster, "kubelet-timing-controller.log", arrivals=args.arrivals == "direct",
+        keep=args.keep,
+    )  # fmt: skip
+    with stage as (cluster, _):
         async with await Kube.from_kubeconfig(cluster.kubeconfig) as kube:
             res = await measure(cluster, kube, args.workers, args.restarts)
-    finally:
-        ctl.stop()
-        if started and not args.keep:
-            cluster.down(sys.stderr)
     rows = [
         ["start: bound -> agent's first line", *summary(res["start_s"])],
         ["restart: agent exit -> next agent", *summary(res["restart_after_agent_exit_s"])],

@@ -38,10 +38,11 @@ import yaml
 
 from api import builders
 from benchmarks.common import RESULTS, Progress, markdown_table, write_json
+from benchmarks.realnode import controller_on_node
 from controller.k8s import GANGJOBS, JsonDict, Kube
-from localcluster.cluster import Cluster, Options
-from localcluster.node import AGENT_IMAGE, Bridge
-from localcluster.tools import REPO, ControllerProcess, controller_kubeconfig, install_crd, kubectl
+from localcluster.cluster import Cluster
+from localcluster.node import AGENT_IMAGE
+from localcluster.tools import kubectl
 
 MODES = ("Pod", "Process", "Recreate")
 HANG_MODES = ("Pod-hang", "Process-hang")
@@ -231,26 +232,16 @@ async def run_mode(
 
 
 async def run(args: argparse.Namespace) -> int:
-    cluster = Cluster(args.cluster)
-    started = not cluster.is_up()
-    cluster.up(Options(profile="node"), sys.stderr)
-    install_crd(cluster)
-    kubectl(cluster, "apply", "-k", str(REPO / "manifests" / "policy"))
     # Progress reaches the controller only over the direct arrival channel (the agents reach it
     # on the pod bridge's gateway, as the e2e tests do); the other modes keep arriving by
     # annotation, as their figures in the README were measured.
     watched = any(mode.endswith("-hang") for mode in args.modes.split(","))
-    ctl = ControllerProcess(
-        controller_kubeconfig(cluster),
-        ["--log-level=info", f"--agent-image={AGENT_IMAGE}"],
-        cluster.logs / "bench-controller.log",
-        arrivals=watched,
-        arrival_host=Bridge.for_slot(cluster.ports.slot).gateway,
-    )
-    ctl.start()
-    ctl.wait_ready()
     results = []
-    try:
+    stage = controller_on_node(
+        args.cluster, "bench-controller.log", arrivals=watched, keep=args.keep,
+        args=["--log-level=info"],
+    )  # fmt: skip
+    with stage as (cluster, _):
         async with await Kube.from_kubeconfig(cluster.kubeconfig) as kube:
             for mode in args.modes.split(","):
                 res = await run_mode(
@@ -258,10 +249,6 @@ async def run(args: argparse.Namespace) -> int:
                 )
                 print(f"{mode}: {res}", file=sys.stderr)
                 results.append(res)
-    finally:
-        ctl.stop()
-        if started and not args.keep:
-            cluster.down(sys.stderr)
     table = markdown_table(
         ["mode", "restarts", "median (s)", "p90 (s)", "max (s)",
          "trainer stops: max (s), SIGKILLed", "each (s)"],
