@@ -265,7 +265,9 @@ step=<int> [compute=<seconds>] [checkpoint=<int>]
 ```
 
 `step` is required; `compute` is this process's own compute in that step, without waiting for
-other ranks; `checkpoint` is the latest step durably checkpointed. Replace the file
+other ranks; `checkpoint` is the latest step the gang can resume from: its checkpoint complete
+and durable (every rank's shard, where each writes one), as the sample reports it after the
+barrier that follows rank 0's save. Replace the file
 (`echo "step=$i" > "$GANGJOB_PROGRESS"`) or append to it; a line that does not read so is
 ignored and counted (`status.progress.malformedLines`), never fatal. A Python trainer imports
 the helper the agent writes into `$GANGJOB_DIR/python`: `import gangjob_progress;

@@ -1315,7 +1315,7 @@ class RestartRecord(_Model):
     checkpoint_step: int | None = Field(
         default=None,
         ge=0,
-        description="The latest step every worker had checkpointed when it failed.",
+        description="The gang's latest checkpoint when it failed: the step it resumes from.",
     )
     lost_steps: int | None = Field(
         default=None,
@@ -1355,7 +1355,8 @@ class ProgressStatus(_Model):
     checkpoint_step: int | None = Field(
         default=None,
         ge=0,
-        description="The latest step every worker reported durably checkpointed.",
+        description="The latest step a worker reported checkpointed: the step the gang "
+        "resumes from.",
     )
     reporting: int = Field(
         default=0, ge=0, description="Workers whose trainer reported progress at the epoch."

@@ -49,7 +49,8 @@ import gangjob_progress
 
 rank, epoch = int(os.environ["RANK"]), int(os.environ["GANGJOB_EPOCH"])
 steps, every, pace = int(os.environ["STEPS"]), int(os.environ["EVERY"]), float(os.environ["PACE"])
-crash_at, hang_at = steps // 4, steps // 2
+# Between two checkpoints, so that each restart loses steps.
+crash_at, hang_at = steps // 4 + every // 2, steps // 2 + every // 3
 path = "/ckpt/step"
 
 

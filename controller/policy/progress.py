@@ -52,8 +52,9 @@ def gang_progress(
     found: Sequence[WorkerProgress], now: datetime, at: datetime | None = None
 ) -> ProgressStatus | None:
     """The gang's progress: its lowest step (a synchronous gang is where its slowest worker is),
-    the median step rate, and the checkpoint every reporting worker has; with `at`, the steps
-    as they were then (`step_at`)."""
+    the median step rate, and the latest checkpoint a worker reported (a checkpoint is the
+    gang's: the step it can resume from, docs/api.md "Progress"; a worker that died just after
+    one may not have said so); with `at`, the steps as they were then (`step_at`)."""
     steps = [s for s in (step_at(w, at) for w in found) if s is not None]
     if not steps:
         return None
@@ -62,11 +63,7 @@ def gang_progress(
     return ProgressStatus(
         step=min(steps),
         steps_per_second=round(statistics.median(rates), 4) if rates else None,
-        checkpoint_step=(
-            min(c for c in checkpoints if c is not None)
-            if all(c is not None for c in checkpoints)
-            else None
-        ),
+        checkpoint_step=max((c for c in checkpoints if c is not None), default=None),
         reporting=len(steps),
         malformed_lines=sum(w.malformed for w in found),
         updated_at=now,
