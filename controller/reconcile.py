@@ -36,6 +36,7 @@ from controller.k8s import (
     AlreadyExists,
     ApiError,
     Conflict,
+    Invalid,
     JsonDict,
     Kube,
     NotFound,
@@ -43,12 +44,14 @@ from controller.k8s import (
 )
 from controller.k8s.store import BY_GANGJOB, Store
 from controller.policy.plan import (
+    STOP_DEADLINE_SECONDS,
     EventSpec,
     FinalizerRelease,
     Observed,
     Plan,
     PlanConfig,
     PodDelete,
+    PodStop,
     plan,
 )
 from controller.policy.stuck import service_accounts
@@ -310,6 +313,8 @@ class Reconciler:
             out.deleted = sum(deleted)
         for release in decided.release_finalizers:
             await self._release_finalizer(ns, release)
+        if decided.stop_pods:
+            await asyncio.gather(*(self._stop_pod(ns, s) for s in decided.stop_pods))
         if decided.create_workload is not None:
             await self._ensure_owned(WORKLOADS, decided.create_workload, job)
         if decided.create_pod_group is not None:
@@ -462,6 +467,19 @@ class Reconciler:
             return True
         except (NotFound, Conflict):
             return False  # gone already, or a newer pod of that name: nothing of ours to delete
+
+    async def _stop_pod(self, ns: str, s: PodStop) -> None:
+        """Ends the pod by its active deadline: the kubelet kills its containers and keeps
+        them, with their logs, until the pod is deleted. The UID in the patch is a
+        precondition: a same-named successor is never hit."""
+        log.info("stopping pod %s/%s (%s)", ns, s.name, s.reason or "no reason")
+        deadline = {"activeDeadlineSeconds": STOP_DEADLINE_SECONDS}
+        body = {"metadata": {"uid": s.uid}, "spec": deadline}
+        async with self._pod_write_slots:
+            try:
+                await self.kube.patch(PODS, s.name, body, ns)
+            except (NotFound, Conflict, Invalid):
+                return  # gone, replaced, or already given a deadline: the next pass looks again
 
     async def _release_finalizer(self, ns: str, r: FinalizerRelease) -> None:
         """Conditional on the resourceVersion observed: if the pod moved on, the change

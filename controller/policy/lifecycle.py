@@ -5,7 +5,7 @@ and 5.2)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, Final
 
@@ -21,11 +21,18 @@ from api.constants import (
     REASON_WORKERS_READY,
     ConditionType,
 )
-from api.v1alpha1 import ConditionStatus, Phase, RestartMode, RoleState
+from api.v1alpha1 import CleanPodPolicy, ConditionStatus, Phase, RestartMode, RoleState
 from controller.policy import classify, kueue, podspec, stuck
 from controller.policy.conditions import get_condition, is_true
 from controller.policy.gang import POD_RUNNING, POD_TERMINAL
-from controller.policy.passstate import EventSpec, Pass, RoleProgress, job_for_pods
+from controller.policy.passstate import (
+    EventSpec,
+    Pass,
+    PodStop,
+    RoleProgress,
+    job_for_pods,
+)
+from controller.policy.views import PodView
 
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 LOST_NODES_KEPT_OFF: Final = 64
@@ -47,15 +54,60 @@ def stop_if_job_deleted(p: Pass) -> bool:
 
 
 def finished(p: Pass) -> bool:
-    """A Succeeded or Failed job stays so: it only frees its devices and waits for its TTL."""
+    """A Succeeded or Failed job stays so: its workers' pods are cleaned up as
+    `spec.cleanPodPolicy` says, and the job waits for its TTL."""
     if not p.is_finished():
         return False
-    # Running workers hold GPUs for nothing; finished ones are kept for their logs.
-    for pod in p.gang.workers.values():
-        if pod.phase not in POD_TERMINAL:
-            p.delete(pod, REASON_JOB_FINISHED)
+    clean = CLEAN_POD_POLICY[p.job.spec.clean_pod_policy]
+    for rank, pod in p.gang.live.items():
+        clean(p, rank, pod)
     _ttl(p)
     return True
+
+
+def _stop_running(p: Pass, rank: int, pod: PodView) -> None:
+    """`None`: a worker still running is stopped, its pod kept: it holds devices for nothing,
+    and its logs are what the user reads next. One whose trainer has ended ends on its own (the
+    kubelet stops a pod's sidecars once its trainer is done; a `Process`-mode agent that
+    reported its trainer's exit ends when it sees the job finished): stopped, its pod would
+    say `DeadlineExceeded` instead of how the worker ended."""
+    if pod.phase in POD_TERMINAL or pod.active_deadline_seconds is not None:
+        return
+    if not trainer_ended(p, rank, pod):
+        p.stop_pods[pod.name] = PodStop(pod.name, pod.uid, REASON_JOB_FINISHED)
+
+
+def _delete_running(p: Pass, rank: int, pod: PodView) -> None:
+    """`Running`: a pod still running goes; finished ones are kept."""
+    if pod.phase not in POD_TERMINAL:
+        p.delete(pod, REASON_JOB_FINISHED)
+
+
+def _delete_all(p: Pass, rank: int, pod: PodView) -> None:
+    """`All`: every pod goes."""
+    p.delete(pod, REASON_JOB_FINISHED)
+
+
+CLEAN_POD_POLICY: Final[dict[CleanPodPolicy, Callable[[Pass, int, PodView], None]]] = {
+    CleanPodPolicy.NONE: _stop_running,
+    CleanPodPolicy.RUNNING: _delete_running,
+    CleanPodPolicy.ALL: _delete_all,
+}
+"""What a finished job does with each live worker's pod, by `spec.cleanPodPolicy`."""
+
+
+def trainer_ended(p: Pass, rank: int, pod: PodView) -> bool:
+    """The worker's trainer has ended at `status.epoch`: its container terminated, or in
+    `Process` mode (where the container is the agent's) the agent reported its exit."""
+    trainer = pod.container(p.job.spec.workers[rank].role.trainer_container_name)
+    if trainer is not None and trainer.state == "terminated":
+        return True
+    exit_report = pod.reported_exit
+    return (
+        p.effective_mode is RestartMode.PROCESS
+        and exit_report is not None
+        and exit_report[0] == p.epoch
+    )
 
 
 def _ttl(p: Pass) -> None:

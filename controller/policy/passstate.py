@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from api.constants import AVOID_NODES_LIMIT, HISTORY_LIMIT, ConditionType
 from api.v1alpha1 import (
@@ -88,6 +88,22 @@ class PodDelete:
 
 
 @dataclass(frozen=True)
+class PodStop:
+    """Stop one pod without deleting it, preconditioned on its UID: its
+    `spec.activeDeadlineSeconds` is set to `STOP_DEADLINE_SECONDS`, already past for a pod that
+    ran, and the kubelet ends it (`Failed`, reason `DeadlineExceeded`), its containers and their
+    logs kept."""
+
+    name: str
+    uid: str
+    reason: str = ""
+
+
+STOP_DEADLINE_SECONDS: Final = 1
+"""The smallest `activeDeadlineSeconds` the apiserver takes."""
+
+
+@dataclass(frozen=True)
 class FinalizerRelease:
     """Set the finalizers of pod `name` to `kept`, on condition that it is still at
     `resource_version` (a merge patch replaces the whole list; a same-named successor, or a
@@ -136,6 +152,8 @@ class Plan:
     pods; either may exist already."""
     release_finalizers: list[FinalizerRelease] = field(default_factory=list)
     """Finalizers of other controllers lifted from pods being deleted (Kueue's)."""
+    stop_pods: list[PodStop] = field(default_factory=list)
+    """Workers still running when the job finished, stopped but kept (`spec.cleanPodPolicy`)."""
 
 
 @dataclass(frozen=True)
@@ -172,6 +190,7 @@ class Pass:
     create_pod_group: dict[str, Any] | None = None
     delete_pods: dict[str, PodDelete] = field(default_factory=dict)
     release_finalizers: list[FinalizerRelease] = field(default_factory=list)
+    stop_pods: dict[str, PodStop] = field(default_factory=dict)
     events: list[EventSpec] = field(default_factory=list)
     delete_job: bool = False
     requeue_after: float | None = None
@@ -312,6 +331,7 @@ class Pass:
             create_workload=self.create_workload,
             create_pod_group=self.create_pod_group,
             release_finalizers=self.release_finalizers,
+            stop_pods=list(self.stop_pods.values()),
         )
 
 

@@ -34,6 +34,7 @@ from controller.policy import (
 )
 from controller.policy.gang import arrived_by_barrier, sort_pods
 from controller.policy.passstate import (
+    STOP_DEADLINE_SECONDS,
     EventSpec,
     FinalizerRelease,
     Observed,
@@ -41,11 +42,13 @@ from controller.policy.passstate import (
     Plan,
     PlanConfig,
     PodDelete,
+    PodStop,
     RoleProgress,
 )
 
 __all__ = [
     "STEPS",
+    "STOP_DEADLINE_SECONDS",
     "EventSpec",
     "FinalizerRelease",
     "Observed",
@@ -53,6 +56,7 @@ __all__ = [
     "PlanConfig",
     "PlanStep",
     "PodDelete",
+    "PodStop",
     "plan",
 ]
 

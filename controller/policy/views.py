@@ -241,6 +241,9 @@ class PodView:
     finalizers: tuple[str, ...] = ()
     """`metadata.finalizers`."""
     resource_version: str | None = None
+    active_deadline_seconds: int | None = None
+    """`spec.activeDeadlineSeconds`: set, the kubelet ends the pod that long after its start
+    (how a finished job stops a worker without deleting its pod)."""
     restarted: bool = False
     """Not read from the pod: the controller's arrival book proved that the agent which reported
     `arrived_epoch` started after the pod's restart to it (controller.arrivals.book), so the
@@ -315,6 +318,7 @@ class PodView:
             pod_group=_str_or_none(_mapping(spec.get("schedulingGroup")).get("podGroupName")),
             finalizers=tuple(f for f in _list(metadata.get("finalizers")) if isinstance(f, str)),
             resource_version=_str_or_none(metadata.get("resourceVersion")),
+            active_deadline_seconds=_int_or_none(spec.get("activeDeadlineSeconds")),
         )
 
 
