@@ -11,7 +11,7 @@ from api.v1alpha1 import (
     Phase,
     RestartCounts,
 )
-from controller.policy.plan import EventSpec, PodDelete, PodStop, plan
+from controller.policy.plan import EventSpec, PodStop, plan
 from tests.unit.builders import make_job, make_node, make_pod
 from tests.unit.gangs import (
     STAMP,

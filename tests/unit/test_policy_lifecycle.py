@@ -247,7 +247,8 @@ def _rank0_done(policy: str | None, mode: str = "Pod") -> Plan:
     stopped = worker(3, 0)
     stopped["spec"]["activeDeadlineSeconds"] = 1
     pods = [worker(0, 0, phase="Succeeded"), worker(1, 0), crashed(worker(2, 0), 0), stopped]
-    return plan(gang(4, running_status().model_copy(update={"mode": RestartMode(mode)}), pods, **spec))
+    status = running_status().model_copy(update={"mode": RestartMode(mode)})
+    return plan(gang(4, status, pods, **spec))
 
 
 def test_a_finished_job_stops_its_running_workers_and_keeps_every_pod_by_default() -> None:
@@ -278,7 +279,8 @@ def test_a_process_mode_worker_that_reported_its_exit_is_left_to_end_on_its_own(
     reported = worker(1, 0)
     reported["metadata"]["annotations"]["gangjob.io/exit"] = "0:0"
     pods = [worker(0, 0, phase="Succeeded"), reported, worker(2, 0)]
-    result = plan(gang(3, running_status().model_copy(update={"mode": RestartMode.PROCESS}), pods, **spec))
+    status = running_status().model_copy(update={"mode": RestartMode.PROCESS})
+    result = plan(gang(3, status, pods, **spec))
     assert result.status.phase is Phase.SUCCEEDED
     assert [s.name for s in result.stop_pods] == ["llama-2"]
 

@@ -7,7 +7,7 @@ from api.constants import ConditionType
 from api.v1alpha1 import (
     Phase,
 )
-from controller.policy.plan import EventSpec, PodDelete, PodStop, plan
+from controller.policy.plan import EventSpec, PodStop, plan
 from tests.unit.builders import make_job, make_pod
 from tests.unit.gangs import (
     STAMP,
