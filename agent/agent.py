@@ -42,8 +42,11 @@ from api.constants import (
     ENV_EPOCH,
     ENV_PET_RDZV_ID,
     EPOCH_FILE,
+    FINISHED_FILE,
+    LAUNCH_POLL_SECONDS,
     RESTART_EXIT_CODE,
     STATE_FILE,
+    TRAINER_EXIT_FILE,
     UNKNOWN_EXIT_CODE,
 )
 
@@ -266,8 +269,10 @@ class Agent:
                 RESTART_EXIT_CODE,
             )
             return RESTART_EXIT_CODE
-        state = await self._wait_job(lambda s: s.epoch > target or s.finished)
+        state = await self._until_moved_or_finished(target)
         if state.epoch <= target:
+            if self.config.launched:
+                self._tell_launcher_finished()
             self.log.info("job %s: idle until the kubelet stops the pod", state.phase)
             state = await self._wait_job(lambda s: s.epoch > target)
         self._set(barrier_open=False, step=Step.STOPPING)
@@ -278,6 +283,40 @@ class Agent:
             RESTART_EXIT_CODE,
         )
         return RESTART_EXIT_CODE
+
+    async def _until_moved_or_finished(self, target: int) -> JobState:
+        """`Pod` mode, the barrier of `target` open: waits until the gang moves on or the job
+        finishes. With the trainer launched by `agent.pyz launch`, a trainer that exits 0
+        meanwhile is reported: its launcher holds the container until the job finishes."""
+        if not self.config.launched:
+            return await self._wait_job(lambda s: s.epoch > target or s.finished)
+        reporter = asyncio.create_task(self._report_launched_exit(target))
+        try:
+            return await self._wait_job(lambda s: s.epoch > target or s.finished)
+        finally:
+            reporter.cancel()
+            await asyncio.gather(reporter, return_exceptions=True)
+
+    async def _report_launched_exit(self, target: int) -> None:
+        path = self.config.dir / TRAINER_EXIT_FILE
+        while True:
+            try:
+                if path.read_text().strip() == f"{target}:0":
+                    break
+            except OSError:
+                pass  # not written: the trainer still runs
+            await asyncio.sleep(LAUNCH_POLL_SECONDS)
+        self._set(last_exit=(target, 0))
+        await self._retry(
+            f"reporting exit {target}:0", lambda: self._arrival.arrive(target, (target, 0))
+        )
+        self.log.info("reported trainer exit 0 at epoch %d; its launcher waits", target)
+
+    def _tell_launcher_finished(self) -> None:
+        try:
+            self._replace_file(FINISHED_FILE, "1\n")
+        except OSError as e:
+            self.log.error("cannot write %s: %s", self.config.dir / FINISHED_FILE, e)
 
     async def _run_process(self) -> int:
         target = await self._initial_target()
@@ -305,10 +344,9 @@ class Agent:
             f"reporting exit {target}:{code}", lambda: self._arrival.arrive(target, (target, code))
         )
         self.log.info("reported trainer exit %d at epoch %d", code, target)
-        if code == 0:
-            self.log.info("worker done")
-            return 0
         # The controller classifies the exit: a restart raises the epoch, a failure ends the job.
+        # A trainer that succeeded waits too: until the job has, it is one of the gang, and a
+        # restart (another worker failed) runs it again at the new epoch, in this container.
         self._set(step=Step.WAITING_FOR_EPOCH)
         state = await self._wait_job(lambda s: s.epoch > target or s.finished)
         if state.epoch > target:

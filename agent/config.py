@@ -19,6 +19,7 @@ from api.constants import (
     ENV_DIR,
     ENV_GANGJOB_NAME,
     ENV_KILL_GRACE_SECONDS,
+    ENV_LAUNCHED,
     ENV_POD_NAME,
     ENV_POD_NAMESPACE,
     ENV_POD_UID,
@@ -57,6 +58,9 @@ class Config:
     """The controller's arrival endpoint; None: arrive by annotation and watch the apiserver."""
     arrival_token_file: Path = Path(DEFAULT_ARRIVAL_TOKEN)
     """The projected token (audience `gangjob.io/arrival`) shown to the controller."""
+    launched: bool = False
+    """The trainer runs through `agent.pyz launch` (`ENV_LAUNCHED`): the sidecar reports the
+    launcher's exit file and tells it when the job has finished."""
     direct_fallback_seconds: float = 5.0
     """How long the agent keeps trying the controller's endpoint before it arrives by
     annotation instead (and watches the apiserver)."""
@@ -100,6 +104,7 @@ class Config:
             probe_port=int(port),
             kill_grace_seconds=number(ENV_KILL_GRACE_SECONDS, DEFAULT_KILL_GRACE_SECONDS),
             pod_uid=env.get(ENV_POD_UID, "").strip(),
+            launched=env.get(ENV_LAUNCHED, "").strip() == "1",
             arrival_url=arrival_url,
             arrival_token_file=Path(
                 env.get(ENV_ARRIVAL_TOKEN, "").strip() or DEFAULT_ARRIVAL_TOKEN

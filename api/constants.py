@@ -229,6 +229,21 @@ DEFAULT_KILL_GRACE_SECONDS: Final = 10.0
 EPOCH_FILE: Final = "epoch"
 """Name of the file in `$GANGJOB_DIR` holding the epoch whose barrier opened (decimal + LF)."""
 
+TRAINER_EXIT_FILE: Final = "trainer-exit"
+"""In `$GANGJOB_DIR`, written by `agent.pyz launch` when its trainer exited 0: `<epoch>:0`. The
+sidecar reports it as the trainer's exit, the controller counts the worker as succeeded, and the
+launcher keeps the container running until the job has finished: the pod stays up, so a later
+failure of another worker restarts this one in place too (docs/design.md section 3.2)."""
+FINISHED_FILE: Final = "finished"
+"""In `$GANGJOB_DIR`, written by the sidecar once the job has finished: a launcher holding the
+container of a trainer that exited 0 then exits 0."""
+ENV_LAUNCHED: Final = "GANGJOB_LAUNCHED"
+"""`1` in the sidecar's environment when the trainer runs through `agent.pyz launch`: the sidecar
+then reports the launcher's `TRAINER_EXIT_FILE` and writes `FINISHED_FILE`."""
+LAUNCH_POLL_SECONDS: Final = 0.5
+"""How often the launcher and the sidecar look at each other's file (the standard library has
+no file watch)."""
+
 BARRIER_PATH: Final = "/barrier"
 """Probe path: 200 once the barrier of the agent's epoch is open, else 503."""
 HEALTHZ_PATH: Final = "/healthz"

@@ -97,17 +97,17 @@ CLEAN_POD_POLICY: Final[dict[CleanPodPolicy, Callable[[Pass, int, PodView], None
 
 
 def trainer_ended(p: Pass, rank: int, pod: PodView) -> bool:
-    """The worker's trainer has ended at `status.epoch`: its container terminated, or in
-    `Process` mode (where the container is the agent's) the agent reported its exit."""
+    """The worker's trainer has ended at `status.epoch`: its container terminated, or its agent
+    reported its exit while the container runs on: in `Process` mode (the container is the
+    agent's) any exit; in the others a success, whose launcher holds the container until the
+    job has finished (`agent.pyz launch`)."""
     trainer = pod.container(p.job.spec.workers[rank].role.trainer_container_name)
     if trainer is not None and trainer.state == "terminated":
         return True
-    exit_report = pod.reported_exit
-    return (
-        p.effective_mode is RestartMode.PROCESS
-        and exit_report is not None
-        and exit_report[0] == p.epoch
-    )
+    report = pod.reported_exit
+    if report is None or report[0] != p.epoch:
+        return False
+    return p.effective_mode is RestartMode.PROCESS or report[1] == 0
 
 
 def _ttl(p: Pass) -> None:

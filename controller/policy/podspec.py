@@ -35,6 +35,7 @@ from api.constants import (
     ENV_ARRIVAL_URL,
     ENV_DIR,
     ENV_GANGJOB_NAME,
+    ENV_LAUNCHED,
     ENV_MASTER_ADDR,
     ENV_MASTER_PORT,
     ENV_POD_NAME,
@@ -423,8 +424,10 @@ def apply_restart_mode(
         return pod
 
     trainer["env"] = _merge_env(trainer.get("env") or [], [{"name": ENV_DIR, "value": DEFAULT_DIR}])
-    _add_mounts(trainer, [_dir_mount(read_only=True)])
-    if job.spec.nproc_per_node is not None:
+    launched = job.spec.nproc_per_node is not None
+    # The launcher writes its trainer's success there (`TRAINER_EXIT_FILE`).
+    _add_mounts(trainer, [_dir_mount(read_only=not launched)])
+    if launched:
         _launch_through_agent(trainer, field, mode)
         install = _agent_container(AGENT_INSTALL_CONTAINER, agent_image, spec, qos_guaranteed)
         install["command"] = ["cp", AGENT_IMAGE_ZIPAPP, WRAPPED_ZIPAPP]
@@ -432,7 +435,7 @@ def apply_restart_mode(
     agent = _agent_container(AGENT_CONTAINER, agent_image, spec, qos_guaranteed)
     agent["args"] = ["sidecar"]
     agent["restartPolicy"] = "Always"
-    agent["env"] = agent_env
+    agent["env"] = [*agent_env, {"name": ENV_LAUNCHED, "value": "1"}] if launched else agent_env
     agent["ports"] = [{"name": AGENT_PORT_NAME, "containerPort": DEFAULT_AGENT_PORT}]
     agent["startupProbe"] = {
         "httpGet": {"path": BARRIER_PATH, "port": DEFAULT_AGENT_PORT},
