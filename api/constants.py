@@ -138,6 +138,11 @@ KUEUE_POD_GROUP_NAME_LABEL: Final = "kueue.x-k8s.io/pod-group-name"
 """On a worker: its Kueue pod group, the GangJob's name (Kueue's Workload has that name)."""
 KUEUE_POD_GROUP_TOTAL_COUNT_ANNOTATION: Final = "kueue.x-k8s.io/pod-group-total-count"
 """On a worker: how many pods the group has, `spec.replicas`."""
+PLACEMENT_GATE: Final = "gangjob.io/placement"
+"""A scheduling gate of ours on a new worker of a Kueue pod group that must keep off some nodes
+(`avoidNodes`, nodes lost right now). Kueue's role hash, taken when the pod is created, covers
+its affinity: the worker is created with its group's shape and this gate, then the controller
+narrows its node affinity (allowed while a pod is gated) and lifts the gate."""
 KUEUE_POD_FINALIZER: Final = "kueue.x-k8s.io/managed"
 """Kueue's finalizer on a pod-group member. Kueue lifts it from a Failed or deleted member only
 once it sees the member's replacement; ours has the same name and cannot exist before the old

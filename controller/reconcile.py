@@ -51,6 +51,7 @@ from controller.policy.plan import (
     Plan,
     PlanConfig,
     PodDelete,
+    PodPlacement,
     PodStop,
     plan,
 )
@@ -321,6 +322,8 @@ class Reconciler:
             # After the Workload: the apiserver refuses a PodGroup whose Workload is missing.
             await self._ensure_owned(PODGROUPS, decided.create_pod_group, job)
         events = decided.events
+        for placement in decided.place_pods:
+            await self._place_pod(ns, placement)
         if decided.create_pods:
             # The workers' agents run as `gangjob-worker`: make it exist in this namespace first.
             await ensure_worker_access(self.kube, ns)
@@ -480,6 +483,19 @@ class Reconciler:
                 await self.kube.patch(PODS, s.name, body, ns)
             except (NotFound, Conflict, Invalid):
                 return  # gone, replaced, or already given a deadline: the next pass looks again
+
+    async def _place_pod(self, ns: str, placement: PodPlacement) -> None:
+        """Conditional on the resourceVersion observed: a pod that moved on (Kueue lifted its
+        gate) triggers the next pass, which decides again."""
+        spec: JsonDict = {"schedulingGates": [{"name": g} for g in placement.gates]}
+        if placement.affinity is not None:
+            spec["affinity"] = placement.affinity
+        body = {"metadata": {"resourceVersion": placement.resource_version}, "spec": spec}
+        try:
+            await self.kube.patch(PODS, placement.name, body, ns)
+            log.info("placed pod %s/%s (gates now %s)", ns, placement.name, placement.gates)
+        except (NotFound, Conflict):
+            return
 
     async def _release_finalizer(self, ns: str, r: FinalizerRelease) -> None:
         """Conditional on the resourceVersion observed: if the pod moved on, the change

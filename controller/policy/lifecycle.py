@@ -11,6 +11,7 @@ from typing import Any, Final
 
 from api.constants import (
     ANNOTATION_RESTART_MODE,
+    PLACEMENT_GATE,
     REASON_INVALID_TEMPLATE,
     REASON_JOB_FINISHED,
     REASON_RESUMED,
@@ -28,6 +29,7 @@ from controller.policy.gang import POD_RUNNING, POD_TERMINAL
 from controller.policy.passstate import (
     EventSpec,
     Pass,
+    PodPlacement,
     PodStop,
     RoleProgress,
     job_for_pods,
@@ -178,11 +180,18 @@ def create(p: Pass) -> bool:
         except ValueError as e:
             return _invalid_template(p, e)
         if keep_off is None:
-            # Not for a Kueue pod group: Kueue's role hash covers the affinity, and a worker of
-            # another shape than its group's is no member of the admitted Workload (gated).
-            lost = lost_nodes(p) if kueue.queue_name(p.job) is None else []
-            keep_off = p.avoid_nodes + [n for n in lost if n not in p.avoid_nodes]
-        p.create_pods[rank] = finish_pod(pod, p.effective_mode, keep_off)
+            keep_off = nodes_kept_off(p)
+        if kueue.queue_name(p.job) is None:
+            p.create_pods[rank] = finish_pod(pod, p.effective_mode, keep_off)
+        else:
+            # Kueue's role hash, taken at creation, covers the affinity: a worker of another
+            # shape than its group's is no member of the admitted Workload and stays gated.
+            # Created with the group's shape and gated by us, it is kept off by `place`.
+            pod = finish_pod(pod, p.effective_mode, [])
+            if keep_off:
+                gates = pod["spec"].setdefault("schedulingGates", [])
+                gates.append({"name": PLACEMENT_GATE})
+            p.create_pods[rank] = pod
     if p.create_pods:
         count = len(p.create_pods)
         p.events.append(
@@ -191,6 +200,36 @@ def create(p: Pass) -> bool:
     if p.start_time is None and (p.create_pods or p.gang.workers):
         p.start_time = p.stamp
     return False
+
+
+def place(p: Pass) -> bool:
+    """A new worker of a Kueue pod group gated by us (`PLACEMENT_GATE`) is kept off the nodes
+    to avoid right now: its required node affinity narrowed as `finish_pod` would have built it
+    (the apiserver allows narrowing it while the pod is gated), and our gate lifted, in one
+    write conditional on the pod's version. Kueue lifts its own gate when the group is
+    admitted; the pod is scheduled once both are gone."""
+    keep_off: list[str] | None = None
+    for rank, pod in p.gang.live.items():
+        if PLACEMENT_GATE not in pod.scheduling_gates or pod.resource_version is None:
+            continue
+        if keep_off is None:
+            keep_off = nodes_kept_off(p)
+        affinity = None
+        if keep_off:
+            job = job_for_pods(p, p.effective_mode)
+            try:
+                built = podspec.build_pod(job, rank, p.config.agent_image, p.config.arrival_url)
+            except ValueError:
+                continue  # `create` says why the template cannot make workers
+            affinity = finish_pod(built, p.effective_mode, keep_off)["spec"]["affinity"]
+        gates = tuple(g for g in pod.scheduling_gates if g != PLACEMENT_GATE)
+        p.place_pods.append(PodPlacement(pod.name, pod.resource_version, affinity, gates))
+    return False
+
+
+def nodes_kept_off(p: Pass) -> list[str]:
+    """The nodes a worker created now keeps off: `avoidNodes`, and the nodes lost right now."""
+    return p.avoid_nodes + [n for n in lost_nodes(p) if n not in p.avoid_nodes]
 
 
 def _invalid_template(p: Pass, error: ValueError) -> bool:

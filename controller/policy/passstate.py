@@ -99,6 +99,18 @@ class PodStop:
     reason: str = ""
 
 
+@dataclass(frozen=True)
+class PodPlacement:
+    """Narrow a gated pod's node affinity to `affinity` (None: leave it) and set its scheduling
+    gates to `gates`, on condition that it is still at `resource_version` (a merge patch
+    replaces the whole list: a gate Kueue lifted meanwhile is never put back)."""
+
+    name: str
+    resource_version: str
+    affinity: dict[str, Any] | None
+    gates: tuple[str, ...]
+
+
 STOP_DEADLINE_SECONDS: Final = 1
 """The smallest `activeDeadlineSeconds` the apiserver takes."""
 
@@ -154,6 +166,8 @@ class Plan:
     """Finalizers of other controllers lifted from pods being deleted (Kueue's)."""
     stop_pods: list[PodStop] = field(default_factory=list)
     """Workers still running when the job finished, stopped but kept (`spec.cleanPodPolicy`)."""
+    place_pods: list[PodPlacement] = field(default_factory=list)
+    """New workers of a Kueue pod group kept off nodes, then ungated (`PLACEMENT_GATE`)."""
 
 
 @dataclass(frozen=True)
@@ -191,6 +205,7 @@ class Pass:
     delete_pods: dict[str, PodDelete] = field(default_factory=dict)
     release_finalizers: list[FinalizerRelease] = field(default_factory=list)
     stop_pods: dict[str, PodStop] = field(default_factory=dict)
+    place_pods: list[PodPlacement] = field(default_factory=list)
     events: list[EventSpec] = field(default_factory=list)
     delete_job: bool = False
     requeue_after: float | None = None
@@ -332,6 +347,7 @@ class Pass:
             create_pod_group=self.create_pod_group,
             release_finalizers=self.release_finalizers,
             stop_pods=list(self.stop_pods.values()),
+            place_pods=self.place_pods,
         )
 
 

@@ -42,6 +42,7 @@ from controller.policy.passstate import (
     Plan,
     PlanConfig,
     PodDelete,
+    PodPlacement,
     PodStop,
     RoleProgress,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "PlanConfig",
     "PlanStep",
     "PodDelete",
+    "PodPlacement",
     "PodStop",
     "plan",
 ]
@@ -80,6 +82,7 @@ STEPS: Final[tuple[PlanStep, ...]] = (
     manual.manual_restart,
     recreate.recreate_laggards,
     lifecycle.create,
+    lifecycle.place,
     scheduling.gang_scheduling,
     restart.barrier,
     stuck.diagnose,
