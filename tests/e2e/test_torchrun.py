@@ -195,10 +195,26 @@ async def test_torchrun_sample_survives_a_killed_local_worker(
 # 1 when the test kills the `sleep`. By then pod 0's torchrun has exited 0.
 HOLD_SECONDS = 3601
 AFTER_SUCCESS = (
-    f"python3 -m {TORCHRUN} /opt/torchrun-sample/train.py || exit $?; "
+    # `torchrun`, the image's console script, as a user writes it.
+    "torchrun /opt/torchrun-sample/train.py || exit $?; "
     f'if [ "$GANGJOB_EPOCH" = 0 ] && [ "$PET_NODE_RANK" = 1 ]; then '
     f"sleep {HOLD_SECONDS}; exit 1; fi"
 )
+
+
+async def holding_sleep(cluster: Cluster, kube: Kube, ns: str, pod_name: str) -> int:
+    """The pid of the `sleep` pod 1's trainer holds in after torchrun's success (polled: a
+    process on this host, with nothing to watch; torchrun takes a moment to exit)."""
+    deadline = asyncio.get_running_loop().time() + 120
+    while True:
+        pod = await kube.get(PODS, pod_name, ns)
+        with contextlib.suppress(RuntimeError):
+            for pid in descendants(container_pid(cluster, pod, "trainer")):
+                if cmdline(pid).split() == ["sleep", str(HOLD_SECONDS)]:
+                    return pid
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"no `sleep {HOLD_SECONDS}` in {pod_name}'s trainer")
+        await asyncio.sleep(0.2)
 
 
 @pytest.mark.parametrize("mode", ["Pod", "Process"])
@@ -242,13 +258,8 @@ async def test_a_torchrun_node_that_succeeded_restarts_in_place_when_another_fai
         p["metadata"]["name"]: p["metadata"]["uid"] for p in await gang_pods(node_kube, ns, name)
     }
     assert len(uids) == 2
-    [pod1] = [
-        p for p in await running_pods(node_kube, ns, name) if p["metadata"]["name"].endswith("-1")
-    ]
-    holding = {p: c for p, c in ((p, cmdline(p)) for p in descendants(
-        container_pid(node_cluster, pod1, "trainer"))) if c == f"sleep {HOLD_SECONDS}"}  # fmt: skip
-    assert len(holding) == 1, holding
-    os.kill(next(iter(holding)), signal.SIGKILL)
+    holding = await holding_sleep(node_cluster, node_kube, ns, f"{name}-1")
+    os.kill(holding, signal.SIGKILL)
 
     done = await watch_job(
         node_kube, ns, name,
