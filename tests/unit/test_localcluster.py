@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from localcluster import images
+from localcluster import images, prebuild
 from localcluster.cli import parser
 from localcluster.cluster import Cluster, Options, kwok_node, scheduler_config
 from localcluster.handle import WELL_KNOWN_SLOTS, ClusterError, Ports
@@ -127,3 +127,14 @@ def test_oci_archive_is_a_valid_image_layout(tmp_path: Path) -> None:
     # Deterministic: the same spec gives the same bytes (the image is cached by content).
     again = images.write_oci_archive(spec, tmp_path / "t2.tar")
     assert again.read_bytes() == archive.read_bytes()
+
+
+def test_a_run_builds_before_its_first_test_what_its_tests_run() -> None:
+    unit = Path("tests/unit/test_plan.py")
+    chart = Path("tests/integration/test_chart.py")
+    kueue = Path("tests/integration/test_kueue.py")
+    e2e = Path("tests/e2e/test_torchrun.py")
+    assert prebuild.needed([unit]) == []
+    assert prebuild.needed([unit, e2e]) == ["kubernetes"]
+    assert prebuild.needed([kueue, chart, unit]) == ["kubernetes", "helm", "kueue"]
+    assert set(prebuild.BUILDS) >= {"kubernetes", *prebuild.ADDONS.values()}
