@@ -36,7 +36,9 @@ PROGRAM = REPO / "manifests" / "samples" / "torchrun" / "train.py"
 STEPS = 30
 EVERY = 5
 KILL_AFTER_STEP = 10
-TORCHRUN = "torch.distributed.run"
+TORCHRUN = "bin/torchrun"
+"""In torchrun's command line (`/usr/bin/python3 /usr/local/bin/torchrun train.py`), not in its
+workers' (`/usr/bin/python3 -u train.py`)."""
 
 
 @pytest.fixture(scope="module")
