@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from localcluster import images, inotify, prebuild
+from localcluster import images, inotify, prebuild, pytorch
 from localcluster.cli import parser
 from localcluster.cluster import Cluster, Options, kwok_node, scheduler_config
 from localcluster.handle import WELL_KNOWN_SLOTS, ClusterError, Ports
@@ -165,3 +165,16 @@ def test_the_inotify_instances_in_use_are_counted_from_the_kernel(tmp_path: Path
         os.close(fd)
     assert inotify.in_use(proc=tmp_path) == before
     assert inotify.limit() > 0
+
+
+def test_a_console_script_of_the_trainer_image_runs_with_the_images_python(
+    tmp_path: Path,
+) -> None:
+    # pip --target writes the interpreter that installed it: this host's, not the image's.
+    script = tmp_path / "torchrun"
+    script.write_text(
+        "#!/work/x/.venv/bin/python3.11\nimport sys\nfrom torch.distributed.run import main\n"
+    )
+    assert pytorch.image_script(script) == (
+        b"#!/usr/bin/python3\nimport sys\nfrom torch.distributed.run import main\n"
+    )
