@@ -273,7 +273,11 @@ class Agent:
         if state.epoch <= target:
             if self.config.launched:
                 self._tell_launcher_finished()
-            self.log.info("job %s: idle until the kubelet stops the pod", state.phase)
+            self.log.info(
+                "job %s%s: idle until the kubelet stops the pod",
+                state.phase,
+                f", role {self.config.role} Complete" if self._role_complete(state) else "",
+            )
             state = await self._wait_job(lambda s: s.epoch > target)
         self._set(barrier_open=False, step=Step.STOPPING)
         self._save_state(target, state.epoch)
@@ -288,11 +292,15 @@ class Agent:
         """`Pod` mode, the barrier of `target` open: waits until the gang moves on or the job
         finishes. With the trainer launched by `agent.pyz launch`, a trainer that exits 0
         meanwhile is reported: its launcher holds the container until the job finishes."""
+
+        def done(s: JobState) -> bool:
+            return s.epoch > target or s.finished or self._role_complete(s)
+
         if not self.config.launched:
-            return await self._wait_job(lambda s: s.epoch > target or s.finished)
+            return await self._wait_job(done)
         reporter = asyncio.create_task(self._report_launched_exit(target))
         try:
-            return await self._wait_job(lambda s: s.epoch > target or s.finished)
+            return await self._wait_job(done)
         finally:
             reporter.cancel()
             await asyncio.gather(reporter, return_exceptions=True)
@@ -311,6 +319,11 @@ class Agent:
             f"reporting exit {target}:0", lambda: self._arrival.arrive(target, (target, 0))
         )
         self.log.info("reported trainer exit 0 at epoch %d; its launcher waits", target)
+
+    def _role_complete(self, state: JobState) -> bool:
+        """Every worker of this worker's role succeeded: the role is done for good, no part of
+        a later restart, so a worker of it that succeeded need not be held."""
+        return self.config.role is not None and self.config.role in state.complete_roles
 
     def _tell_launcher_finished(self) -> None:
         try:
@@ -348,7 +361,9 @@ class Agent:
         # A trainer that succeeded waits too: until the job has, it is one of the gang, and a
         # restart (another worker failed) runs it again at the new epoch, in this container.
         self._set(step=Step.WAITING_FOR_EPOCH)
-        state = await self._wait_job(lambda s: s.epoch > target or s.finished)
+        state = await self._wait_job(
+            lambda s: s.epoch > target or s.finished or (code == 0 and self._role_complete(s))
+        )
         if state.epoch > target:
             return None
         result = code if state.phase == "Failed" else 0

@@ -435,7 +435,9 @@ def apply_restart_mode(
     agent = _agent_container(AGENT_CONTAINER, agent_image, spec, qos_guaranteed)
     agent["args"] = ["sidecar"]
     agent["restartPolicy"] = "Always"
-    agent["env"] = [*agent_env, {"name": ENV_LAUNCHED, "value": "1"}] if launched else agent_env
+    # The launcher's sidecar ends a held worker once its role is Complete: it reads the role.
+    launched_env = [{"name": ENV_LAUNCHED, "value": "1"}, {"name": ENV_ROLE, "value": role.name}]
+    agent["env"] = [*agent_env, *launched_env] if launched else agent_env
     agent["ports"] = [{"name": AGENT_PORT_NAME, "containerPort": DEFAULT_AGENT_PORT}]
     agent["startupProbe"] = {
         "httpGet": {"path": BARRIER_PATH, "port": DEFAULT_AGENT_PORT},

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import json
 import os
 import pathlib
 import subprocess
@@ -37,6 +38,7 @@ from api.constants import (
     RESTART_EXIT_CODE,
     TRAINER_EXIT_FILE,
 )
+from controller.arrivals.server import state_line
 
 DEADLINE = 10.0
 NS = "ns"
@@ -426,6 +428,43 @@ async def test_process_mode_runs_a_trainer_that_succeeded_again_when_the_gang_re
         assert a.state.trainer_runs == 2
         fake.set_status(phase="Succeeded")
         assert await asyncio.wait_for(task, DEADLINE) == 0
+
+
+async def test_process_mode_a_worker_that_succeeded_ends_once_its_role_is_complete(
+    tmp_path: pathlib.Path,
+) -> None:
+    """A role done for good (an initializer every worker of which succeeded) is no part of a
+    later restart: its worker need not wait for the job."""
+    fake = FakeApi(epoch=0)
+    fake.add_pod("train-0")
+    a = Agent(make_config(tmp_path, role="init"), fake, mode=Mode.PROCESS, command=sh("exit 0"))
+    async with running(a) as task:
+        fake.set_status(barrierEpoch=0)
+        await until(a, lambda s: s.step == Step.WAITING_FOR_EPOCH and s.last_exit == (0, 0))
+        fake.set_status(roles=[{"name": "other", "state": "Complete"}])
+        await asyncio.sleep(0.05)
+        assert not task.done()
+        fake.set_status(roles=[{"name": "init", "state": "Complete"}])
+        assert await asyncio.wait_for(task, DEADLINE) == 0
+
+
+def test_the_state_line_names_the_complete_roles_only() -> None:
+    job = {
+        "metadata": {"name": "llama"},
+        "status": {
+            "epoch": 2,
+            "barrierEpoch": 2,
+            "phase": "Running",
+            "roles": [{"name": "init", "state": "Complete", "succeeded": 1},
+                      {"name": "worker", "state": "Running"}],
+        },
+    }  # fmt: skip
+    event = json.loads(state_line(job))
+    state = JobState.from_object(event["object"])
+    assert (state.epoch, state.barrier_epoch, state.phase) == (2, 2, "Running")
+    assert state.complete_roles == {"init"}
+    assert event["object"]["status"]["roles"] == [{"name": "init", "state": "Complete"}]
+    assert "roles" not in json.loads(state_line({"status": {"epoch": 0}}))["object"]["status"]
 
 
 async def test_pod_mode_reports_a_launched_trainers_success_and_releases_its_launcher(
