@@ -44,8 +44,11 @@ from api.constants import (
     ENV_EPOCH,
     ENV_PET_RDZV_ID,
     EPOCH_FILE,
+    FINISHED_FILE,
+    LAUNCH_POLL_SECONDS,
     RESTART_EXIT_CODE,
     STATE_FILE,
+    TRAINER_EXIT_FILE,
     UNKNOWN_EXIT_CODE,
     AgentPlacement,
 )
@@ -274,11 +277,17 @@ class Agent:
             return RESTART_EXIT_CODE
         if self.progress is not None:
             self.progress.start(target, None)
-        state = await self._wait_job(lambda s: s.epoch > target or s.finished)
+        state = await self._until_moved_or_finished(target)
         if state.epoch <= target:
-            self.log.info("job %s: idle until the kubelet stops the pod", state.phase)
             if self.progress is not None:
                 await self.progress.stop()
+            if self.config.launched:
+                self._tell_launcher_finished()
+            self.log.info(
+                "job %s%s: idle until the kubelet stops the pod",
+                state.phase,
+                f", role {self.config.role} Complete" if self._role_complete(state) else "",
+            )
             state = await self._wait_job(lambda s: s.epoch > target)
         if self.progress is not None:
             await self.progress.stop()  # a stack collection under way ends first
@@ -290,6 +299,49 @@ class Agent:
             RESTART_EXIT_CODE,
         )
         return RESTART_EXIT_CODE
+
+    async def _until_moved_or_finished(self, target: int) -> JobState:
+        """`Pod` mode, the barrier of `target` open: waits until the gang moves on or the job
+        finishes. With the trainer launched by `agent.pyz launch`, a trainer that exits 0
+        meanwhile is reported: its launcher holds the container until the job finishes."""
+
+        def done(s: JobState) -> bool:
+            return s.epoch > target or s.finished or self._role_complete(s)
+
+        if not self.config.launched:
+            return await self._wait_job(done)
+        reporter = asyncio.create_task(self._report_launched_exit(target))
+        try:
+            return await self._wait_job(done)
+        finally:
+            reporter.cancel()
+            await asyncio.gather(reporter, return_exceptions=True)
+
+    async def _report_launched_exit(self, target: int) -> None:
+        path = self.config.dir / TRAINER_EXIT_FILE
+        while True:
+            try:
+                if path.read_text().strip() == f"{target}:0":
+                    break
+            except OSError:
+                pass  # not written: the trainer still runs
+            await asyncio.sleep(LAUNCH_POLL_SECONDS)
+        self._set(last_exit=(target, 0))
+        await self._retry(
+            f"reporting exit {target}:0", lambda: self._arrival.arrive(target, (target, 0))
+        )
+        self.log.info("reported trainer exit 0 at epoch %d; its launcher waits", target)
+
+    def _role_complete(self, state: JobState) -> bool:
+        """Every worker of this worker's role succeeded: the role is done for good, no part of
+        a later restart, so a worker of it that succeeded need not be held."""
+        return self.config.role is not None and self.config.role in state.complete_roles
+
+    def _tell_launcher_finished(self) -> None:
+        try:
+            self._replace_file(FINISHED_FILE, "1\n")
+        except OSError as e:
+            self.log.error("cannot write %s: %s", self.config.dir / FINISHED_FILE, e)
 
     async def _run_process(self) -> int:
         target = await self._initial_target()
@@ -317,12 +369,13 @@ class Agent:
             f"reporting exit {target}:{code}", lambda: self._arrival.arrive(target, (target, code))
         )
         self.log.info("reported trainer exit %d at epoch %d", code, target)
-        if code == 0:
-            self.log.info("worker done")
-            return 0
         # The controller classifies the exit: a restart raises the epoch, a failure ends the job.
+        # A trainer that succeeded waits too: until the job has, it is one of the gang, and a
+        # restart (another worker failed) runs it again at the new epoch, in this container.
         self._set(step=Step.WAITING_FOR_EPOCH)
-        state = await self._wait_job(lambda s: s.epoch > target or s.finished)
+        state = await self._wait_job(
+            lambda s: s.epoch > target or s.finished or (code == 0 and self._role_complete(s))
+        )
         if state.epoch > target:
             return None
         result = code if state.phase == "Failed" else 0

@@ -3,8 +3,9 @@
     python3 -m agent sidecar              # Pod mode: native sidecar, barrier probe
     python3 -m agent wrap -- CMD ARGS...  # Process mode: runs CMD, restarts it per epoch
     python3 agent.pyz sidecar             # the same from the zipapp
-    python3 agent.pyz launch -- CMD ...   # Pod/Recreate mode with spec.nprocPerNode: execs CMD
-                                          # with the epoch's GANGJOB_EPOCH and PET_RDZV_ID
+    python3 agent.pyz launch -- CMD ...   # Pod/Recreate mode with spec.nprocPerNode: runs CMD
+                                          # with the epoch's GANGJOB_EPOCH and PET_RDZV_ID; once
+                                          # it exited 0, holds the container until the job ends
 
 Reads its settings from the pod's environment (`Config.from_env`, the service account) and
 turns the agent's outcome into the process exit code.
@@ -24,6 +25,7 @@ from pathlib import Path
 from agent.agent import Agent
 from agent.apiclient import HttpClient
 from agent.config import Config, ConfigError
+from agent.launch import launch
 from agent.monitor import trainer_env
 from agent.protocol import rendezvous_id
 from agent.trainer import become_subreaper
@@ -91,7 +93,7 @@ def parser() -> argparse.ArgumentParser:
     )
     wrap.add_argument("command", nargs=argparse.REMAINDER, help="-- the trainer's argv")
     launch = sub.add_parser(
-        "launch", help="exec the trainer command with the epoch's rendezvous id (torchrun)"
+        "launch", help="run the trainer command with the epoch's rendezvous id (torchrun)"
     )
     launch.add_argument("command", nargs=argparse.REMAINDER, help="-- the trainer's argv")
     return p
@@ -129,13 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as e:
             print(f"agent: error: launch: {e}", file=sys.stderr)
             return USAGE_EXIT_CODE
-        # exec, not a child: the trainer stays the container's process, as without `launch`.
-        try:
-            os.execvpe(command[0], command, env)
-        except OSError as e:
-            print(f"agent: error: launch: {command[0]}: {e}", file=sys.stderr)
-            # As a shell reports a command it cannot run.
-            return 127 if isinstance(e, FileNotFoundError) else 126
+        directory = Path(env.get(ENV_DIR, "").strip() or DEFAULT_DIR)
+        return launch(command, env, directory, int(env[ENV_EPOCH]))
     logging.basicConfig(level=logging.INFO, format="agent: %(message)s", stream=sys.stderr)
     try:
         config = Config.from_env()

@@ -22,10 +22,12 @@ from api.constants import (
     ENV_GANGJOB_NAME,
     ENV_HANG_SECONDS,
     ENV_KILL_GRACE_SECONDS,
+    ENV_LAUNCHED,
     ENV_POD_NAME,
     ENV_POD_NAMESPACE,
     ENV_POD_UID,
     ENV_PROGRESS_SUMMARY_SECONDS,
+    ENV_ROLE,
     GROUP,
     PLURAL,
     VERSION,
@@ -64,6 +66,12 @@ class Config:
     """The controller's arrival endpoint; None: arrive by annotation and watch the apiserver."""
     arrival_token_file: Path = Path(DEFAULT_ARRIVAL_TOKEN)
     """The projected token (audience `gangjob.io/arrival`) shown to the controller."""
+    role: str | None = None
+    """The worker's role (`GANGJOB_ROLE`): once it is `Complete`, a worker that succeeded is
+    done, though the job runs on."""
+    launched: bool = False
+    """The trainer runs through `agent.pyz launch` (`ENV_LAUNCHED`): the sidecar reports the
+    launcher's exit file and tells it when the job has finished."""
     direct_fallback_seconds: float = 5.0
     """How long the agent keeps trying the controller's endpoint before it arrives by
     annotation instead (and watches the apiserver)."""
@@ -116,6 +124,8 @@ class Config:
             probe_port=int(port),
             kill_grace_seconds=number(ENV_KILL_GRACE_SECONDS, DEFAULT_KILL_GRACE_SECONDS),
             pod_uid=env.get(ENV_POD_UID, "").strip(),
+            launched=env.get(ENV_LAUNCHED, "").strip() == "1",
+            role=env.get(ENV_ROLE, "").strip() or None,
             arrival_url=arrival_url,
             arrival_token_file=Path(
                 env.get(ENV_ARRIVAL_TOKEN, "").strip() or DEFAULT_ARRIVAL_TOKEN

@@ -23,12 +23,15 @@ def rendezvous_id(job_name: str, epoch: int) -> str:
 
 @dataclass(frozen=True)
 class JobState:
-    """What the agent reads of its GangJob: `status.epoch`, `status.barrierEpoch`, `phase`."""
+    """What the agent reads of its GangJob: `status.epoch`, `status.barrierEpoch`, `phase`, and
+    the roles whose every worker succeeded (`status.roles[].state` `Complete`)."""
 
     epoch: int = 0
     barrier_epoch: int | None = None
     phase: str | None = None
     resource_version: str = ""
+    complete_roles: frozenset[str] = frozenset()
+    """Roles done for good: their workers are no part of any later restart."""
 
     @classmethod
     def from_object(cls, obj: dict[str, Any]) -> JobState:
@@ -40,11 +43,20 @@ class JobState:
         meta = obj.get("metadata")
         rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
         phase = status.get("phase")
+        roles = status.get("roles")
+        complete = frozenset(
+            r["name"]
+            for r in (roles if isinstance(roles, list) else [])
+            if isinstance(r, dict)
+            and r.get("state") == "Complete"
+            and isinstance(r.get("name"), str)
+        )
         return cls(
             epoch=_int(status.get("epoch")) or 0,
             barrier_epoch=_int(status.get("barrierEpoch")),
             phase=phase if isinstance(phase, str) else None,
             resource_version=rv if isinstance(rv, str) else "",
+            complete_roles=complete,
         )
 
     @property

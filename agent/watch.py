@@ -24,7 +24,8 @@ from agent.protocol import Backoff, JobState
 
 def newest(a: JobState, b: JobState) -> JobState:
     """The later of two views of one job: `status.epoch` and `barrierEpoch` never go down, and
-    a finished job stays finished; the phase is that of the view with the higher epoch."""
+    a finished job stays finished, a complete role complete; the phase is that of the view with
+    the higher epoch."""
     barrier = max((x for x in (a.barrier_epoch, b.barrier_epoch) if x is not None), default=None)
     if a.finished != b.finished:
         phase = a.phase if a.finished else b.phase
@@ -35,6 +36,7 @@ def newest(a: JobState, b: JobState) -> JobState:
         barrier_epoch=barrier,
         phase=phase,
         resource_version=b.resource_version or a.resource_version,
+        complete_roles=a.complete_roles | b.complete_roles,
     )
 
 
@@ -76,11 +78,12 @@ class JobWatcher:
             # epochs only go up, so the newest of both is the truth.
             state = newest(previous, state)
         self.state = state
-        if previous is None or (state.epoch, state.barrier_epoch, state.phase) != (
-            previous.epoch,
-            previous.barrier_epoch,
-            previous.phase,
-        ):
+        if previous is None or (
+            state.epoch,
+            state.barrier_epoch,
+            state.phase,
+            state.complete_roles,
+        ) != (previous.epoch, previous.barrier_epoch, previous.phase, previous.complete_roles):
             # Wake every waiter, and give later waiters a fresh event to wait on.
             changed, self._changed = self._changed, asyncio.Event()
             changed.set()

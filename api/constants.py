@@ -218,6 +218,11 @@ KUEUE_POD_GROUP_NAME_LABEL: Final = "kueue.x-k8s.io/pod-group-name"
 """On a worker: its Kueue pod group, the GangJob's name (Kueue's Workload has that name)."""
 KUEUE_POD_GROUP_TOTAL_COUNT_ANNOTATION: Final = "kueue.x-k8s.io/pod-group-total-count"
 """On a worker: how many pods the group has, `spec.replicas`."""
+PLACEMENT_GATE: Final = "gangjob.io/placement"
+"""A scheduling gate of ours on a new worker of a Kueue pod group that must keep off some nodes
+(`avoidNodes`, nodes lost right now). Kueue's role hash, taken when the pod is created, covers
+its affinity: the worker is created with its group's shape and this gate, then the controller
+narrows its node affinity (allowed while a pod is gated) and lifts the gate."""
 KUEUE_POD_FINALIZER: Final = "kueue.x-k8s.io/managed"
 """Kueue's finalizer on a pod-group member. Kueue lifts it from a Failed or deleted member only
 once it sees the member's replacement; ours has the same name and cannot exist before the old
@@ -342,6 +347,20 @@ HELPER_DIR: Final = "python"
 """`$GANGJOB_DIR/python`: holds `gangjob_progress.py`, written by the agent at start."""
 HELPER_MODULE: Final = "gangjob_progress"
 """The progress helper's module name: `import gangjob_progress` in the trainer."""
+TRAINER_EXIT_FILE: Final = "trainer-exit"
+"""In `$GANGJOB_DIR`, written by `agent.pyz launch` when its trainer exited 0: `<epoch>:0`. The
+sidecar reports it as the trainer's exit, the controller counts the worker as succeeded, and the
+launcher keeps the container running until the job has finished: the pod stays up, so a later
+failure of another worker restarts this one in place too (docs/design.md section 3.2)."""
+FINISHED_FILE: Final = "finished"
+"""In `$GANGJOB_DIR`, written by the sidecar once the job has finished: a launcher holding the
+container of a trainer that exited 0 then exits 0."""
+ENV_LAUNCHED: Final = "GANGJOB_LAUNCHED"
+"""`1` in the sidecar's environment when the trainer runs through `agent.pyz launch`: the sidecar
+then reports the launcher's `TRAINER_EXIT_FILE` and writes `FINISHED_FILE`."""
+LAUNCH_POLL_SECONDS: Final = 0.5
+"""How often the launcher and the sidecar look at each other's file (the standard library has
+no file watch)."""
 
 BARRIER_PATH: Final = "/barrier"
 """Probe path: 200 once the barrier of the agent's epoch is open, else 503."""

@@ -128,6 +128,14 @@ class SuccessPolicy(StrEnum):
     RANK0 = "Rank0"
 
 
+class CleanPodPolicy(StrEnum):
+    """Which workers' pods go when the job finishes (Kubeflow's `cleanPodPolicy`)."""
+
+    NONE = "None"
+    RUNNING = "Running"
+    ALL = "All"
+
+
 class SuccessOperator(StrEnum):
     """How `spec.success` combines the workers of the roles it names."""
 
@@ -1019,6 +1027,17 @@ class GangJobSpec(_Model):
         default_factory=ProgressSpec,
         description="Hang detection from the progress the trainers report.",
         json_schema_extra={"default": {}},
+    )
+    clean_pod_policy: CleanPodPolicy = Field(
+        default=CleanPodPolicy.NONE,
+        description="What happens to the workers' pods when the job finishes. `None` (the "
+        "default): no pod is deleted; a worker still running is stopped in place (its pod's "
+        "`activeDeadlineSeconds`: the kubelet ends it, `Failed`, reason `DeadlineExceeded`), so "
+        "every worker's exit and logs stay readable (`kubectl logs`, `gangjob logs`) until "
+        "`ttlSecondsAfterFinished` or the user deletes the job, while no pod holds a node's "
+        "devices. The default because what a user does first with a finished job is read its "
+        "logs. `Running`: the pods still running are deleted, the finished ones kept. `All`: "
+        "every pod is deleted.",
     )
     master_port: int = Field(
         default=29500,

@@ -4,6 +4,7 @@ restart starts a new container, whose log follows the old one's) until the job e
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import sys
 from typing import TextIO
@@ -43,9 +44,10 @@ async def logs(kube: Kube, args: argparse.Namespace, ns: str, out: TextIO) -> in
             continue
         if not args.follow:
             return 0
-        if not running and await _finished(kube, ns, args.job):
+        finished = await _finished(kube, ns, args.job)
+        if not running and finished:
             return 0
-        await _next_instance(kube, ns, name, container, printed)
+        await _next_instance(kube, ns, args.job, name, container, printed, finished)
 
 
 async def print_instance(
@@ -87,9 +89,35 @@ async def _finished(kube: Kube, ns: str, job: str) -> bool:
     return (found.get("status") or {}).get("phase") in TERMINAL
 
 
-async def _next_instance(kube: Kube, ns: str, name: str, container: str, printed: set[str]) -> None:
-    """Waits until the pod shows a trainer instance not yet printed, is deleted, or a minute
-    passed (the caller looks again)."""
+async def _next_instance(
+    kube: Kube,
+    ns: str,
+    job: str,
+    name: str,
+    container: str,
+    printed: set[str],
+    finished: bool,
+) -> None:
+    """Waits until the pod shows a trainer instance not yet printed or its trainer not running,
+    or is deleted, or (unless it has already) the job ends. A finished job keeps its pods: the
+    pod alone would never say that nothing more comes."""
+    waits = [asyncio.create_task(_pod_moves(kube, ns, name, container, printed))]
+    if not finished:
+        waits.append(asyncio.create_task(_job_ends(kube, ns, job)))
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in waits:
+            task.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
+    for task in waits:
+        if task.done() and not task.cancelled():
+            error = task.exception()
+            if error is not None:
+                raise error
+
+
+async def _pod_moves(kube: Kube, ns: str, name: str, container: str, printed: set[str]) -> None:
     pod = await kube.get(PODS, name, ns)
     async with contextlib.aclosing(
         kube.watch(PODS, ns, field_selector=f"metadata.name={name}",
@@ -98,6 +126,26 @@ async def _next_instance(kube: Kube, ns: str, name: str, container: str, printed
         async for event in events:
             if event.type == "DELETED":
                 return
-            instance, _ = trainer_instance(event.object, container)
-            if event.type == "MODIFIED" and instance is not None and instance not in printed:
+            instance, running = trainer_instance(event.object, container)
+            if event.type == "MODIFIED" and (
+                (instance is not None and instance not in printed) or not running
+            ):
+                return
+
+
+async def _job_ends(kube: Kube, ns: str, job: str) -> None:
+    try:
+        found = await kube.get(GANGJOBS, job, ns)
+    except NotFound:
+        return
+    if (found.get("status") or {}).get("phase") in TERMINAL:
+        return
+    async with contextlib.aclosing(
+        kube.watch(GANGJOBS, ns, field_selector=f"metadata.name={job}",
+                   resource_version=found["metadata"]["resourceVersion"], timeout_seconds=60)
+    ) as events:  # fmt: skip
+        async for event in events:
+            if event.type == "DELETED":
+                return
+            if (event.object.get("status") or {}).get("phase") in TERMINAL:
                 return

@@ -36,6 +36,7 @@ from controller.k8s import (
     AlreadyExists,
     ApiError,
     Conflict,
+    Invalid,
     JsonDict,
     Kube,
     NotFound,
@@ -43,12 +44,15 @@ from controller.k8s import (
 )
 from controller.k8s.store import BY_GANGJOB, Store
 from controller.policy.plan import (
+    STOP_DEADLINE_SECONDS,
     EventSpec,
     FinalizerRelease,
     Observed,
     Plan,
     PlanConfig,
     PodDelete,
+    PodPlacement,
+    PodStop,
     plan,
 )
 from controller.policy.stuck import service_accounts
@@ -352,12 +356,16 @@ class Reconciler:
                 raise joined(f"deleting pods of {ns}/{name}", failed)
         for release in decided.release_finalizers:
             await self._release_finalizer(ns, release)
+        if decided.stop_pods:
+            await asyncio.gather(*(self._stop_pod(ns, s) for s in decided.stop_pods))
         if decided.create_workload is not None:
             await self._ensure_owned(WORKLOADS, decided.create_workload, job)
         if decided.create_pod_group is not None:
             # After the Workload: the apiserver refuses a PodGroup whose Workload is missing.
             await self._ensure_owned(PODGROUPS, decided.create_pod_group, job)
         events = decided.events
+        for placement in decided.place_pods:
+            await self._place_pod(ns, placement)
         if decided.create_pods:
             # The workers' agents run as `gangjob-worker`: make it exist in this namespace first.
             await ensure_worker_access(self.kube, ns)
@@ -508,6 +516,32 @@ class Reconciler:
             return True
         except (NotFound, Conflict):
             return False  # gone already, or a newer pod of that name: nothing of ours to delete
+
+    async def _stop_pod(self, ns: str, s: PodStop) -> None:
+        """Ends the pod by its active deadline: the kubelet kills its containers and keeps
+        them, with their logs, until the pod is deleted. The UID in the patch is a
+        precondition: a same-named successor is never hit."""
+        log.info("stopping pod %s/%s (%s)", ns, s.name, s.reason or "no reason")
+        deadline = {"activeDeadlineSeconds": STOP_DEADLINE_SECONDS}
+        body = {"metadata": {"uid": s.uid}, "spec": deadline}
+        async with self._pod_write_slots:
+            try:
+                await self.kube.patch(PODS, s.name, body, ns)
+            except (NotFound, Conflict, Invalid):
+                return  # gone, replaced, or already given a deadline: the next pass looks again
+
+    async def _place_pod(self, ns: str, placement: PodPlacement) -> None:
+        """Conditional on the resourceVersion observed: a pod that moved on (Kueue lifted its
+        gate) triggers the next pass, which decides again."""
+        spec: JsonDict = {"schedulingGates": [{"name": g} for g in placement.gates]}
+        if placement.affinity is not None:
+            spec["affinity"] = placement.affinity
+        body = {"metadata": {"resourceVersion": placement.resource_version}, "spec": spec}
+        try:
+            await self.kube.patch(PODS, placement.name, body, ns)
+            log.info("placed pod %s/%s (gates now %s)", ns, placement.name, placement.gates)
+        except (NotFound, Conflict):
+            return
 
     async def _release_finalizer(self, ns: str, r: FinalizerRelease) -> None:
         """Conditional on the resourceVersion observed: if the pod moved on, the change

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Literal, TextIO
 
 from localcluster import build as buildmod
+from localcluster import inotify, pki
 from localcluster import node as nodemod
-from localcluster import pki
 from localcluster.handle import ClusterError, ClusterHandle
 from localcluster.jobset import KEEP_RUNNING_LABEL
 from localcluster.procs import Proc, launch, stop
@@ -111,6 +111,7 @@ class Cluster(ClusterHandle):
             self.down(out)
         t0 = time.monotonic()
         buildmod.build(out)
+        inotify.check(opts.profile)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.save({"name": self.name, "options": opts.to_json(), "processes": [], "ready": False})
         try:

@@ -261,6 +261,7 @@ class Demo:
   .venv/bin/localcluster kubectl --name {self.cluster.name} -- get gj,pods -o wide
   .venv/bin/localcluster kubectl --name {self.cluster.name} -- get gj {self.name} -o yaml   # status.lastRestart, history
   .venv/bin/localcluster kubectl --name {self.cluster.name} -- logs {self.name}-1 -c trainer
+  .venv/bin/gangjob logs {self.name} --rank 1                  # the same, across its restarts
   .venv/bin/localcluster kubectl --name {self.cluster.name} -- get events
   cat {self.cluster.logs / "gangjob-controller.log"}
   ls {self.checkpoints}

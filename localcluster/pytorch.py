@@ -283,12 +283,18 @@ def trainer_image(out: TextIO = sys.stderr) -> images.ImageSpec:
     for path in site.rglob("*"):
         if not path.is_file() or path.name == ".complete":
             continue
+        if path.parent == site / "bin":
+            extra[f"usr/local/bin/{path.name}"] = image_script(path)
+            continue
         extra[f"{SITE_IN_IMAGE}/{path.relative_to(site)}"] = path
         if ".so" in path.suffixes or path.suffix == ".so":
             libs.update(p for p in images.shared_libs(path) if site not in p.parents)
     for src in sorted(SAMPLE_DIR.glob("*.py")):
         extra[f"{SAMPLE_IN_IMAGE}/{src.name}"] = src
     spec = images.python_image(PYTORCH_IMAGE, extra)
+    for name in extra:
+        if name.startswith("usr/local/bin/"):
+            spec.modes[name] = 0o755
     spec.files.update(stdlib_bytecode(spec))
     for so in libs:
         spec.files.setdefault(str(so).lstrip("/"), so.resolve())
@@ -301,6 +307,15 @@ def trainer_image(out: TextIO = sys.stderr) -> images.ImageSpec:
     ]
     spec.cmd = ["/usr/bin/python3", f"/{SAMPLE_IN_IMAGE}/train.py"]
     return spec
+
+
+def image_script(path: Path) -> bytes:
+    """A console script of the site-packages (`torchrun`), for the image's PATH: pip wrote the
+    interpreter that installed it (this host's) into its shebang; the image's is python3."""
+    text = path.read_bytes()
+    if text.startswith(b"#!"):
+        text = b"#!/usr/bin/python3" + text[text.index(b"\n") :]
+    return text
 
 
 def stdlib_bytecode(spec: images.ImageSpec) -> dict[str, Path | bytes]:

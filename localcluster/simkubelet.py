@@ -346,6 +346,9 @@ class SimKubelet:
             return
         w = self.workers.get(name)
         running = pod.get("status", {}).get("phase") == "Running"
+        if w is not None and pod.get("spec", {}).get("activeDeadlineSeconds") is not None:
+            self._deadline_exceeded(w)
+            return
         if w is not None:
             self._reconcile_ready(w, pod)
         if w is None and running:
@@ -587,6 +590,23 @@ class SimKubelet:
         pod = self.pods.get(w.name)
         alive = self.workers.get(w.name) is w and not w.lost
         return alive and pod is not None and pod["metadata"]["uid"] == w.uid
+
+    def _deadline_exceeded(self, w: Worker) -> None:
+        """The pod's `activeDeadlineSeconds` is set: the kubelet kills every container and the
+        pod ends `Failed`, reason `DeadlineExceeded`, kept (only deadlines already past are
+        simulated: the controller sets one to stop a pod)."""
+        self.workers.pop(w.name, None)
+        w.events.append("active deadline exceeded")
+        if w.agent is not None:
+            w.agent.stop()
+        stamp = _now()
+
+        def exceeded(status: JsonDict) -> None:
+            ended = {c["name"] for c in _containers(status) if "terminated" in c.get("state", {})}
+            _terminated(stamp, lambda c: None if c in ended else 137, status)
+            status["phase"], status["reason"] = "Failed", "DeadlineExceeded"
+
+        self._set_status(w, "deadline", exceeded)
 
     def _exited(self, w: Worker, code: int) -> None:
         """A `Process`-mode agent ended with `code`: so did the trainer container, and the pod

@@ -21,6 +21,7 @@ import pytest
 from hypothesis import settings
 
 from controller.k8s import NAMESPACES, PODS, Kube, NotFound
+from localcluster import prebuild
 from localcluster.cluster import Cluster, Options
 
 # No per-example deadline: a property is about outcomes, and an example's time on a shared,
@@ -38,6 +39,13 @@ NODE_NAME = f"{CLUSTER_PREFIX}-node"
 # cluster without it.
 SIM_OPTIONS = Options(profile="sim", nodes=4, gpus_per_node=8, gang_scheduling=True)
 NODE_OPTIONS = Options(profile="node", nodes=1, gang_scheduling=True)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The binaries the selected tests run (Kubernetes, helm, Kueue, JobSet), built before the
+    first test: a cold build inside a test would run under its timeout."""
+    if not session.config.option.collectonly:
+        prebuild.build_for((item.path for item in session.items), sys.stderr)
 
 
 @pytest.fixture(scope="session", autouse=True)

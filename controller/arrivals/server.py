@@ -217,10 +217,12 @@ def state_line(job: JsonDict) -> bytes:
     """A GangJob's protocol state as one line of the stream (watch-event shaped, so that the
     agent reads it with the parser of its watch)."""
     status = job.get("status") or {}
-    obj = {
-        "metadata": {"name": (job.get("metadata") or {}).get("name", "")},
-        "status": {k: status.get(k) for k in ("epoch", "barrierEpoch", "phase")},
-    }
+    state = {k: status.get(k) for k in ("epoch", "barrierEpoch", "phase")}
+    # Only the roles done for good: a worker of one that succeeded is then no longer held.
+    complete = [r["name"] for r in status.get("roles") or () if r.get("state") == "Complete"]
+    if complete:
+        state["roles"] = [{"name": name, "state": "Complete"} for name in complete]
+    obj = {"metadata": {"name": (job.get("metadata") or {}).get("name", "")}, "status": state}
     return json.dumps({"type": "STATE", "object": obj}).encode() + b"\n"
 
 

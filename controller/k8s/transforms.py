@@ -51,8 +51,9 @@ def strip_managed_fields(obj: JsonDict) -> JsonDict:
 
 def trim_pod(pod: JsonDict) -> JsonDict:
     """A Pod as the controller reads it: metadata (without managedFields), `spec.nodeName`,
-    `spec.schedulingGroup`, the containers' resources and restart rules, and the status the
-    views parse."""
+    `spec.schedulingGroup`, `spec.schedulingGates`, `spec.activeDeadlineSeconds`, the containers'
+    resources and restart
+    rules, and the status the views parse."""
     out: JsonDict = {k: pod[k] for k in ("apiVersion", "kind") if k in pod}
     meta = pod.get("metadata")
     if meta is not None:
@@ -120,7 +121,7 @@ def _container_spec(container: Mapping[str, Any]) -> JsonDict:
 
 
 def _pod_spec(spec: Mapping[str, Any]) -> JsonDict:
-    out = _pick(spec, ("nodeName", "schedulingGroup"))
+    out = _pick(spec, ("nodeName", "schedulingGroup", "schedulingGates", "activeDeadlineSeconds"))
     for key in ("containers", "initContainers"):
         if key in spec:
             out[key] = _each(spec[key], (), _container_spec)

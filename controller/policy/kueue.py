@@ -3,10 +3,11 @@
 A GangJob labelled `kueue.x-k8s.io/queue-name` asks Kueue for quota. Kueue's pod-group
 integration needs no code of ours: every worker carries the queue name, the group's name (the
 GangJob's) and the group's size; Kueue's webhook gates each pod until the group, counted whole,
-is admitted as one Workload, then ungates them together. A replacement worker (node loss)
-carries the same group and joins the admitted Workload. The group is every worker of every role;
-Kueue admits it only once all of them exist, so roles that start in order (`dependsOn`) do not
-go with a queue (docs/scheduling.md). Pure: no I/O.
+is admitted as one Workload, then ungates them together. A replacement worker (node or device
+loss) carries the same group, in the group's shape, and joins the admitted Workload (kept off
+nodes by `lifecycle.place`, which Kueue's role hash allows). The group is every worker of every
+role; Kueue admits it only once all of them exist, so roles that start in order (`dependsOn`)
+do not go with a queue (docs/scheduling.md). Pure: no I/O.
 """
 
 from __future__ import annotations

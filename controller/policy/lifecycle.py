@@ -5,13 +5,14 @@ and 5.2)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, Final
 
 from api import naming
 from api.constants import (
     ANNOTATION_RESTART_MODE,
+    PLACEMENT_GATE,
     REASON_INVALID_TEMPLATE,
     REASON_JOB_FINISHED,
     REASON_RESUMED,
@@ -22,11 +23,19 @@ from api.constants import (
     REASON_WORKERS_READY,
     ConditionType,
 )
-from api.v1alpha1 import ConditionStatus, Phase, RestartMode, RoleState
+from api.v1alpha1 import CleanPodPolicy, ConditionStatus, Phase, RestartMode, RoleState
 from controller.policy import classify, kueue, podspec, stuck
 from controller.policy.conditions import get_condition, is_true
 from controller.policy.gang import POD_RUNNING, POD_TERMINAL
-from controller.policy.passstate import EventSpec, Pass, RoleProgress, job_for_pods
+from controller.policy.passstate import (
+    EventSpec,
+    Pass,
+    PodPlacement,
+    PodStop,
+    RoleProgress,
+    job_for_pods,
+)
+from controller.policy.views import PodView
 
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 LOST_NODES_KEPT_OFF: Final = 64
@@ -48,15 +57,60 @@ def stop_if_job_deleted(p: Pass) -> bool:
 
 
 def finished(p: Pass) -> bool:
-    """A Succeeded or Failed job stays so: it only frees its devices and waits for its TTL."""
+    """A Succeeded or Failed job stays so: its workers' pods are cleaned up as
+    `spec.cleanPodPolicy` says, and the job waits for its TTL."""
     if not p.is_finished():
         return False
-    # Running workers hold GPUs for nothing; finished ones are kept for their logs.
-    for pod in p.gang.workers.values():
-        if pod.phase not in POD_TERMINAL:
-            p.delete(pod, REASON_JOB_FINISHED)
+    clean = CLEAN_POD_POLICY[p.job.spec.clean_pod_policy]
+    for rank, pod in p.gang.live.items():
+        clean(p, rank, pod)
     _ttl(p)
     return True
+
+
+def _stop_running(p: Pass, rank: int, pod: PodView) -> None:
+    """`None`: a worker still running is stopped, its pod kept: it holds devices for nothing,
+    and its logs are what the user reads next. One whose trainer has ended ends on its own (the
+    kubelet stops a pod's sidecars once its trainer is done; a `Process`-mode agent that
+    reported its trainer's exit ends when it sees the job finished): stopped, its pod would
+    say `DeadlineExceeded` instead of how the worker ended."""
+    if pod.phase in POD_TERMINAL or pod.active_deadline_seconds is not None:
+        return
+    if not trainer_ended(p, rank, pod):
+        p.stop_pods[pod.name] = PodStop(pod.name, pod.uid, REASON_JOB_FINISHED)
+
+
+def _delete_running(p: Pass, rank: int, pod: PodView) -> None:
+    """`Running`: a pod still running goes; finished ones are kept."""
+    if pod.phase not in POD_TERMINAL:
+        p.delete(pod, REASON_JOB_FINISHED)
+
+
+def _delete_all(p: Pass, rank: int, pod: PodView) -> None:
+    """`All`: every pod goes."""
+    p.delete(pod, REASON_JOB_FINISHED)
+
+
+CLEAN_POD_POLICY: Final[dict[CleanPodPolicy, Callable[[Pass, int, PodView], None]]] = {
+    CleanPodPolicy.NONE: _stop_running,
+    CleanPodPolicy.RUNNING: _delete_running,
+    CleanPodPolicy.ALL: _delete_all,
+}
+"""What a finished job does with each live worker's pod, by `spec.cleanPodPolicy`."""
+
+
+def trainer_ended(p: Pass, rank: int, pod: PodView) -> bool:
+    """The worker's trainer has ended at `status.epoch`: its container terminated, or its agent
+    reported its exit while the container runs on: in `Process` mode (the container is the
+    agent's) any exit; in the others a success, whose launcher holds the container until the
+    job has finished (`agent.pyz launch`)."""
+    trainer = pod.container(p.job.spec.workers[rank].role.trainer_container_name)
+    if trainer is not None and trainer.state == "terminated":
+        return True
+    report = pod.reported_exit
+    if report is None or report[0] != p.status.epoch:
+        return False
+    return p.effective_mode is RestartMode.PROCESS or report[1] == 0
 
 
 def _ttl(p: Pass) -> None:
@@ -127,12 +181,18 @@ def create(p: Pass) -> bool:
         except ValueError as e:
             return _invalid_template(p, e)
         if keep_off is None:
-            # Not for a Kueue pod group: Kueue's role hash covers the affinity, and a worker of
-            # another shape than its group's is no member of the admitted Workload (gated).
-            lost = lost_nodes(p) if kueue.queue_name(p.job) is None else []
-            avoided = p.avoided()
-            keep_off = avoided + [n for n in lost if n not in avoided]
-        p.create_pods[rank] = finish_pod(pod, p.effective_mode, keep_off)
+            keep_off = nodes_kept_off(p)
+        if kueue.queue_name(p.job) is None:
+            p.create_pods[rank] = finish_pod(pod, p.effective_mode, keep_off)
+        else:
+            # Kueue's role hash, taken at creation, covers the affinity: a worker of another
+            # shape than its group's is no member of the admitted Workload and stays gated.
+            # Created with the group's shape and gated by us, it is kept off by `place`.
+            pod = finish_pod(pod, p.effective_mode, [])
+            if keep_off:
+                gates = pod["spec"].setdefault("schedulingGates", [])
+                gates.append({"name": PLACEMENT_GATE})
+            p.create_pods[rank] = pod
     if p.create_pods:
         count = len(p.create_pods)
         p.events.append(
@@ -141,6 +201,37 @@ def create(p: Pass) -> bool:
     if p.status.start_time is None and (p.create_pods or p.gang.workers):
         p.status.start_time = p.stamp
     return False
+
+
+def place(p: Pass) -> bool:
+    """A new worker of a Kueue pod group gated by us (`PLACEMENT_GATE`) is kept off the nodes
+    to avoid right now: its required node affinity narrowed as `finish_pod` would have built it
+    (the apiserver allows narrowing it while the pod is gated), and our gate lifted, in one
+    write conditional on the pod's version. Kueue lifts its own gate when the group is
+    admitted; the pod is scheduled once both are gone."""
+    keep_off: list[str] | None = None
+    for rank, pod in p.gang.live.items():
+        if PLACEMENT_GATE not in pod.scheduling_gates or pod.resource_version is None:
+            continue
+        if keep_off is None:
+            keep_off = nodes_kept_off(p)
+        affinity = None
+        if keep_off:
+            job = job_for_pods(p, p.effective_mode)
+            try:
+                built = podspec.build_pod(job, rank, p.config.agent_image, p.config.arrival_url)
+            except ValueError:
+                continue  # `create` says why the template cannot make workers
+            affinity = finish_pod(built, p.effective_mode, keep_off)["spec"]["affinity"]
+        gates = tuple(g for g in pod.scheduling_gates if g != PLACEMENT_GATE)
+        p.place_pods.append(PodPlacement(pod.name, pod.resource_version, affinity, gates))
+    return False
+
+
+def nodes_kept_off(p: Pass) -> list[str]:
+    """The nodes a worker created now keeps off: `avoidNodes`, and the nodes lost right now."""
+    avoided = p.avoided()
+    return avoided + [n for n in lost_nodes(p) if n not in avoided]
 
 
 def _invalid_template(p: Pass, error: ValueError) -> bool:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from api import naming
 from api.constants import AVOID_NODES_LIMIT, HISTORY_LIMIT, ConditionType
@@ -86,6 +86,34 @@ class PodDelete:
 
 
 @dataclass(frozen=True)
+class PodStop:
+    """Stop one pod without deleting it, preconditioned on its UID: its
+    `spec.activeDeadlineSeconds` is set to `STOP_DEADLINE_SECONDS`, already past for a pod that
+    ran, and the kubelet ends it (`Failed`, reason `DeadlineExceeded`), its containers and their
+    logs kept."""
+
+    name: str
+    uid: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class PodPlacement:
+    """Narrow a gated pod's node affinity to `affinity` (None: leave it) and set its scheduling
+    gates to `gates`, on condition that it is still at `resource_version` (a merge patch
+    replaces the whole list: a gate Kueue lifted meanwhile is never put back)."""
+
+    name: str
+    resource_version: str
+    affinity: dict[str, Any] | None
+    gates: tuple[str, ...]
+
+
+STOP_DEADLINE_SECONDS: Final = 1
+"""The smallest `activeDeadlineSeconds` the apiserver takes."""
+
+
+@dataclass(frozen=True)
 class FinalizerRelease:
     """Set the finalizers of pod `name` to `kept`, on condition that it is still at
     `resource_version` (a merge patch replaces the whole list; a same-named successor, or a
@@ -134,6 +162,10 @@ class Plan:
     pods; either may exist already."""
     release_finalizers: list[FinalizerRelease] = field(default_factory=list)
     """Finalizers of other controllers lifted from pods being deleted (Kueue's)."""
+    stop_pods: list[PodStop] = field(default_factory=list)
+    """Workers still running when the job finished, stopped but kept (`spec.cleanPodPolicy`)."""
+    place_pods: list[PodPlacement] = field(default_factory=list)
+    """New workers of a Kueue pod group kept off nodes, then ungated (`PLACEMENT_GATE`)."""
 
 
 @dataclass(frozen=True)
@@ -161,6 +193,8 @@ class Pass:
     create_pod_group: dict[str, Any] | None = None
     delete_pods: dict[str, PodDelete] = field(default_factory=dict)
     release_finalizers: list[FinalizerRelease] = field(default_factory=list)
+    stop_pods: dict[str, PodStop] = field(default_factory=dict)
+    place_pods: list[PodPlacement] = field(default_factory=list)
     events: list[EventSpec] = field(default_factory=list)
     delete_job: bool = False
     requeue_after: float | None = None
@@ -299,6 +333,8 @@ class Pass:
             create_workload=self.create_workload,
             create_pod_group=self.create_pod_group,
             release_finalizers=self.release_finalizers,
+            stop_pods=list(self.stop_pods.values()),
+            place_pods=self.place_pods,
         )
 
 

@@ -36,6 +36,7 @@ from controller.policy import (
 )
 from controller.policy.gang import arrived_by_barrier, sort_pods
 from controller.policy.passstate import (
+    STOP_DEADLINE_SECONDS,
     EventSpec,
     FinalizerRelease,
     Observed,
@@ -43,11 +44,14 @@ from controller.policy.passstate import (
     Plan,
     PlanConfig,
     PodDelete,
+    PodPlacement,
+    PodStop,
     RoleProgress,
 )
 
 __all__ = [
     "STEPS",
+    "STOP_DEADLINE_SECONDS",
     "EventSpec",
     "FinalizerRelease",
     "Observed",
@@ -55,6 +59,8 @@ __all__ = [
     "PlanConfig",
     "PlanStep",
     "PodDelete",
+    "PodPlacement",
+    "PodStop",
     "plan",
 ]
 
@@ -79,6 +85,7 @@ STEPS: Final[tuple[PlanStep, ...]] = (
     manual.manual_restart,
     recreate.recreate_laggards,
     lifecycle.create,
+    lifecycle.place,
     scheduling.gang_scheduling,
     restart.barrier,
     stuck.diagnose,

@@ -38,6 +38,7 @@ from api.constants import (
     ENV_DIR,
     ENV_GANGJOB_NAME,
     ENV_HANG_SECONDS,
+    ENV_LAUNCHED,
     ENV_MASTER_ADDR,
     ENV_MASTER_PORT,
     ENV_POD_NAME,
@@ -441,21 +442,28 @@ def _add_sidecar(w: _Shaping) -> None:
     (`trainer_restart_rule`) does the same for its retriable exit codes; without them a failed
     worker stays terminated and the controller recreates it."""
     trainer, spec = w.trainer, w.spec
+    launched = w.job.spec.nproc_per_node is not None
     trainer["env"] = _merge_env(trainer.get("env") or [], _progress_env())
-    # The agent's directory is read-only to the trainer, but for the one it reports progress in.
-    progress_mount = {
-        "name": AGENT_VOLUME,
-        "mountPath": f"{DEFAULT_DIR}/{PROGRESS_DIR}",
-        "subPath": PROGRESS_DIR,
-    }
-    _add_mounts(trainer, [_dir_mount(read_only=True), progress_mount])
-    if w.job.spec.nproc_per_node is not None:
+    if launched:
+        # The launcher writes its trainer's success there (`TRAINER_EXIT_FILE`).
+        _add_mounts(trainer, [_dir_mount(read_only=False)])
         _launch_through_agent(trainer, w.field, w.mode)
         w.add_install()
+    else:
+        # The agent's directory is read-only to the trainer, but for the one it reports its
+        # progress in.
+        progress_mount = {
+            "name": AGENT_VOLUME,
+            "mountPath": f"{DEFAULT_DIR}/{PROGRESS_DIR}",
+            "subPath": PROGRESS_DIR,
+        }
+        _add_mounts(trainer, [_dir_mount(read_only=True), progress_mount])
     agent = _agent_container(AGENT_CONTAINER, w.agent_image, spec, w.qos_guaranteed)
     agent["args"] = [AgentPlacement.SIDECAR.value]
     agent["restartPolicy"] = "Always"
-    agent["env"] = w.agent_env
+    # The launcher's sidecar ends a held worker once its role is Complete: it reads the role.
+    launched_env = [{"name": ENV_LAUNCHED, "value": "1"}, {"name": ENV_ROLE, "value": w.role.name}]
+    agent["env"] = [*w.agent_env, *launched_env] if launched else w.agent_env
     agent["ports"] = [{"name": AGENT_PORT_NAME, "containerPort": DEFAULT_AGENT_PORT}]
     agent["startupProbe"] = {
         "httpGet": {"path": BARRIER_PATH, "port": DEFAULT_AGENT_PORT},

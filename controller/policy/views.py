@@ -269,6 +269,11 @@ class PodView:
     progress: WorkerProgress | None = None
     """Not read from the pod: the training progress its agent last reported to the controller
     (controller.arrivals)."""
+    scheduling_gates: tuple[str, ...] = ()
+    """`spec.schedulingGates[].name`: the pod waits for them to go before it is scheduled."""
+    active_deadline_seconds: int | None = None
+    """`spec.activeDeadlineSeconds`: set, the kubelet ends the pod that long after its start
+    (how a finished job stops a worker without deleting its pod)."""
     restarted: bool = False
     """Not read from the pod: the controller's arrival book proved that the agent which reported
     `arrived_epoch` started after the pod's restart to it (controller.arrivals.book), so the
@@ -343,6 +348,12 @@ class PodView:
             pod_group=_str_or_none(_mapping(spec.get("schedulingGroup")).get("podGroupName")),
             finalizers=tuple(f for f in _list(metadata.get("finalizers")) if isinstance(f, str)),
             resource_version=_str_or_none(metadata.get("resourceVersion")),
+            scheduling_gates=tuple(
+                name
+                for gate in _list(spec.get("schedulingGates"))
+                if isinstance(name := _mapping(gate).get("name"), str)
+            ),
+            active_deadline_seconds=_int_or_none(spec.get("activeDeadlineSeconds")),
         )
 
 

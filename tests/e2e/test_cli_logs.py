@@ -1,5 +1,6 @@
-"""`gangjob logs -f` through the real kubelet: the log of one rank followed across an in-place
-gang restart (a Pod-mode restart starts a new container), ending when the job does."""
+"""`gangjob logs` through the real kubelet: the log of one rank followed across an in-place
+gang restart (a Pod-mode restart starts a new container), ending when the job does; and every
+rank's log once the job has finished, its pods kept, stopped (`cleanPodPolicy: None`)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from controller.k8s import GANGJOBS, Kube
+from api import builders
+from controller.k8s import GANGJOBS, PODS, Kube
 from localcluster.cluster import Cluster
-from localcluster.tools import ControllerProcess
+from localcluster.tools import ControllerProcess, kubectl
 from tests.integration.harness import watch_job
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -61,3 +64,61 @@ async def test_logs_follow_one_rank_across_an_in_place_restart(
         "rank 1 done at epoch 1",
     ], lines
     await node_kube.delete(GANGJOBS, "logs", ns)
+
+
+# Rank 0 says its piece and succeeds; rank 1 trains on until it is stopped. `successPolicy:
+# Rank0` finishes the job with rank 1 still running.
+RANK0_FINISHES = (
+    'echo "rank $RANK starts"; '
+    'if [ "$RANK" = 0 ]; then sleep 2; echo "rank 0 done"; exit 0; fi; '
+    "while :; do sleep 1; done"
+)
+
+
+async def test_a_finished_job_keeps_its_pods_stopped_and_their_logs(
+    node_kube: Kube, node_cluster: Cluster, node_namespace: str, controller: ControllerProcess
+) -> None:
+    ns, kubeconfig, name = node_namespace, str(node_cluster.kubeconfig), "kept"
+    job = builders.gangjob(
+        name, 2,
+        image="localhost/busybox:dev", command=["sh", "-c", RANK0_FINISHES],
+        container={"imagePullPolicy": "Never"},
+        pod_spec={"terminationGracePeriodSeconds": 5},
+        spec={"successPolicy": "Rank0"},
+    )  # fmt: skip
+    await node_kube.create(GANGJOBS, job, ns)
+    done = await watch_job(
+        node_kube, ns, name,
+        lambda j: (j.get("status") or {}).get("phase") in ("Succeeded", "Failed"),
+        timeout=180, what="finished",
+    )  # fmt: skip
+    assert done["status"]["phase"] == "Succeeded"
+    # Rank 1 was running: it is stopped by the kubelet, its pod kept (cleanPodPolicy: None).
+    stopped = await wait_for(
+        node_kube, PODS, f"{name}-1", ns,
+        lambda p: p.get("status", {}).get("phase") == "Failed",
+        timeout=120, what="rank 1 stopped",
+    )  # fmt: skip
+    assert stopped["status"].get("reason") == "DeadlineExceeded", stopped["status"]
+    succeeded = await wait_for(
+        node_kube, PODS, f"{name}-0", ns,
+        lambda p: p.get("status", {}).get("phase") in ("Succeeded", "Failed"),
+        timeout=120, what="rank 0 ended",
+    )  # fmt: skip
+    assert succeeded["status"]["phase"] == "Succeeded"
+
+    async def gangjob_logs(*args: str) -> tuple[int | None, str, str]:
+        run = await asyncio.create_subprocess_exec(
+            str(GANGJOB), "logs", "--kubeconfig", kubeconfig, "-n", ns, name, *args,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(run.communicate(), 60)
+        return run.returncode, out.decode(), err.decode()
+
+    assert await gangjob_logs("--rank", "0") == (0, "rank 0 starts\nrank 0 done\n", "")
+    assert await gangjob_logs("--rank", "1", "-f") == (0, "rank 1 starts\n", "")
+    # What the demo's closing hint runs.
+    assert kubectl(node_cluster, "-n", ns, "logs", f"{name}-1", "-c", "trainer") == (
+        "rank 1 starts\n"
+    )
+    await node_kube.delete(GANGJOBS, name, ns)

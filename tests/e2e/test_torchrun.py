@@ -1,7 +1,8 @@
 """The torchrun sample on the real node: `torchrun train.py` on 2 pods x 2 processes survives a
 killed local worker process (torchrun's child, not torchrun, not the pod). torchrun exits
 non-zero, the gang restarts in place at epoch 1, nothing of the old torchrun survives, and the
-same pods resume from the checkpoint with a world of 4 and the job succeeds.
+same pods resume from the checkpoint with a world of 4 and the job succeeds. And the ordering of
+a job's end: one pod's torchrun succeeded, then the other's trainer fails: both restart in place.
 
 The job is manifests/samples/pytorch-torchrun.yaml itself (shortened), its program from the
 ConfigMap the sample names, in the trainer image `localcluster` builds."""
@@ -23,7 +24,7 @@ from controller.k8s import CONFIGMAPS, GANGJOBS, PODS, JsonDict, Kube
 from localcluster.chaos import cmdline, container_pid, descendants
 from localcluster.cluster import Cluster
 from localcluster.node import ensure_trainer_image
-from localcluster.tools import REPO, ControllerProcess
+from localcluster.tools import REPO, ControllerProcess, kubectl
 from tests.e2e.test_pytorch import collect_logs, wait_for_checkpoint
 from tests.integration.harness import gang_pods, watch_job
 from tests.waiting import wait_for
@@ -35,7 +36,9 @@ PROGRAM = REPO / "manifests" / "samples" / "torchrun" / "train.py"
 STEPS = 30
 EVERY = 5
 KILL_AFTER_STEP = 10
-TORCHRUN = "torch.distributed.run"
+TORCHRUN = "bin/torchrun"
+"""In torchrun's command line (`/usr/bin/python3 /usr/local/bin/torchrun train.py`), not in its
+workers' (`/usr/bin/python3 -u train.py`)."""
 
 
 @pytest.fixture(scope="module")
@@ -188,3 +191,95 @@ async def test_torchrun_sample_survives_a_killed_local_worker(
             f"epoch=1 rank={rank} world=4 node_rank=1 local_rank={local} run_id={name}-epoch-1 "
         ) in log, log
         assert f"epoch=1 rank={rank} resumed from checkpoint step={final['resumed_from']}" in log
+
+
+# Pod 1 (torchrun node 1) holds after torchrun's success at epoch 0, then fails: its trainer exits
+# 1 when the test kills the `sleep`. By then pod 0's torchrun has exited 0.
+HOLD_SECONDS = 3601
+AFTER_SUCCESS = (
+    # `torchrun`, the image's console script, as a user writes it.
+    "torchrun /opt/torchrun-sample/train.py || exit $?; "
+    f'if [ "$GANGJOB_EPOCH" = 0 ] && [ "$PET_NODE_RANK" = 1 ]; then '
+    f"sleep {HOLD_SECONDS}; exit 1; fi"
+)
+
+
+async def holding_sleep(cluster: Cluster, kube: Kube, ns: str, pod_name: str) -> int:
+    """The pid of the `sleep` pod 1's trainer holds in after torchrun's success (polled: a
+    process on this host, with nothing to watch; torchrun takes a moment to exit)."""
+    deadline = asyncio.get_running_loop().time() + 120
+    while True:
+        pod = await kube.get(PODS, pod_name, ns)
+        with contextlib.suppress(RuntimeError):
+            for pid in descendants(container_pid(cluster, pod, "trainer")):
+                if cmdline(pid).split() == ["sleep", str(HOLD_SECONDS)]:
+                    return pid
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"no `sleep {HOLD_SECONDS}` in {pod_name}'s trainer")
+        await asyncio.sleep(0.2)
+
+
+@pytest.mark.parametrize("mode", ["Pod", "Process"])
+async def test_a_torchrun_node_that_succeeded_restarts_in_place_when_another_fails(
+    node_kube: Kube,
+    node_namespace: str,
+    node_cluster: Cluster,
+    controller: ControllerProcess,
+    trainer_image: str,
+    tmp_path: Path,
+    mode: str,
+) -> None:
+    """The ordering of a job's end: pod 0's torchrun exited 0 (training done), then pod 1's
+    trainer fails. Pod 0 is one of the gang until the job has succeeded: restarted in place
+    at epoch 1 with pod 1, it resumes from the last checkpoint, and the job succeeds."""
+    ns, name = node_namespace, "torchrun-end"
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    configmap = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "torchrun-sample-train"},
+        "data": {"train.py": PROGRAM.read_text()},
+    }
+    await node_kube.create(CONFIGMAPS, configmap, ns)
+    job = sample_job(name, mode, checkpoints, trainer_image)
+    trainer = job["spec"]["template"]["spec"]["containers"][0]
+    trainer["command"] = ["sh", "-c", AFTER_SUCCESS]
+    trainer["env"] = [e for e in trainer["env"] if e["name"] != "TRAIN_STEPS"]
+    trainer["env"].append({"name": "TRAIN_STEPS", "value": str(EVERY * 2)})
+    await node_kube.create(GANGJOBS, job, ns)
+
+    # Pod 0's trainer succeeded (the controller counts it), pod 1's still runs.
+    await watch_job(
+        node_kube, ns, name,
+        lambda j: [r.get("succeeded") for r in (j.get("status") or {}).get("roles") or []]
+        == [1],
+        timeout=300, what="pod 0 succeeded",
+    )  # fmt: skip
+    uids = {
+        p["metadata"]["name"]: p["metadata"]["uid"] for p in await gang_pods(node_kube, ns, name)
+    }
+    assert len(uids) == 2
+    holding = await holding_sleep(node_cluster, node_kube, ns, f"{name}-1")
+    os.kill(holding, signal.SIGKILL)
+
+    done = await watch_job(
+        node_kube, ns, name,
+        lambda j: (j.get("status") or {}).get("phase") in ("Succeeded", "Failed"),
+        timeout=300, what="finished",
+    )  # fmt: skip
+    st = done["status"]
+    assert st["phase"] == "Succeeded", st
+    assert st["epoch"] == 1
+    assert st["restarts"] == {"total": 1, "counted": 1, "inPlace": 1, "recreatedWorkers": 0}
+    assert st["lastRestart"]["trigger"]["worker"] == 1, st["lastRestart"]
+    assert st["lastRestart"]["recreated"] == []
+    after = {
+        p["metadata"]["name"]: p["metadata"]["uid"] for p in await gang_pods(node_kube, ns, name)
+    }
+    assert after == uids
+    # Both nodes ran at epoch 1: resumed from the last checkpoint, the world whole.
+    final = json.loads((checkpoints / name / "latest.json").read_text())
+    assert final["step"] == EVERY * 2
+    log = kubectl(node_cluster, "-n", ns, "logs", f"{name}-0", "-c", "trainer")
+    assert f"epoch=1 rank=0 world=4 node_rank=0 local_rank=0 run_id={name}-epoch-1 " in log, log

@@ -21,7 +21,13 @@ from localcluster import kueue
 from localcluster.cluster import SIMULATED_KUBELET_LABEL, Cluster, Options, kwok_node
 from localcluster.simkubelet import SimKubelet
 from tests.integration.harness import ControllerProcess, controller_kubeconfig, install_crd
-from tests.integration.test_restart import RESTART_DELAY, Gang, _lose_node, _node_ready
+from tests.integration.test_restart import (
+    RESTART_DELAY,
+    Gang,
+    _lose_node,
+    _node_ready,
+    _patch_pod_status,
+)
 from tests.waiting import wait_for, wait_for_pods
 
 pytestmark = pytest.mark.integration
@@ -231,6 +237,49 @@ async def test_a_worker_recreated_after_node_loss_joins_the_admitted_workload(
     assert cond(wl, "Admitted")["lastTransitionTime"] == admitted_at
     assert cond(wl, "Evicted").get("status") != "True"
     print(f"node loss under Kueue: {job['status']['lastRestart']['durationSeconds']} s")
+
+
+async def test_a_worker_recreated_for_an_unhealthy_device_joins_the_admitted_workload(
+    queued: Gang,
+) -> None:
+    """Its node goes on `avoidNodes`, yet the replacement is created in its group's shape
+    (Kueue's role hash covers the affinity) and kept off the node while gated."""
+    g = queued
+    await create(g, "dev", 3)
+    await g.running_at("dev", 0, 3, timeout=TIMEOUT)
+    wl = await wait_for(g.kube, WORKLOADS, "dev", g.ns, admitted, TIMEOUT, "Admitted")
+    admitted_at = cond(wl, "Admitted")["lastTransitionTime"]
+    before = {p["metadata"]["name"]: p for p in of((await g.kube.list(PODS, g.ns)).items, "dev")}
+    await g.agents_at(0, list(before))
+    bad_node = before["dev-1"]["spec"]["nodeName"]
+
+    def unhealthy(status: JsonDict) -> None:
+        for c in status.get("containerStatuses", []):
+            if c["name"] == "trainer":
+                c["allocatedResourcesStatus"] = [
+                    {"name": "nvidia.com/gpu",
+                     "resources": [{"resourceID": "gpu-0", "health": "Unhealthy"}]}
+                ]  # fmt: skip
+
+    await _patch_pod_status(g.kube, g.ns, "dev-1", unhealthy)
+    job = await g.running_at("dev", 1, 3, timeout=TIMEOUT)
+    assert job["status"]["lastRestart"]["trigger"]["class"] == "DeviceUnhealthy"
+    assert job["status"]["avoidNodes"] == [bad_node]
+    after = {p["metadata"]["name"]: p for p in of((await g.kube.list(PODS, g.ns)).items, "dev")}
+    for n, pod in after.items():
+        assert (pod["metadata"]["uid"] != before[n]["metadata"]["uid"]) == (n == "dev-1"), n
+        assert not pod["spec"].get("schedulingGates"), n
+        assert pod["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] == "dev"
+    assert after["dev-1"]["spec"]["nodeName"] != bad_node
+    terms = after["dev-1"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    avoid = {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": [bad_node]}
+    assert all(avoid in term["matchExpressions"] for term in terms), terms
+    wl = await g.kube.get(WORKLOADS, "dev", g.ns)
+    assert admitted(wl)
+    assert cond(wl, "Admitted")["lastTransitionTime"] == admitted_at
+    assert cond(wl, "Evicted").get("status") != "True"
 
 
 PODS_READY = {"timeout": "5m", "recoveryTimeout": "10m"}

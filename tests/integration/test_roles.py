@@ -22,6 +22,7 @@ from tests.integration.test_restart import (  # noqa: F401 (fixtures)
     gang,
     uids,
 )
+from tests.waiting import wait_for_pods
 
 pytestmark = pytest.mark.integration
 
@@ -245,14 +246,17 @@ async def test_success_any_on_the_launcher_stops_the_workers(gang: Gang) -> None
     succeeded = {c["type"]: c for c in job["status"]["conditions"]}["Succeeded"]
     assert succeeded["reason"] == "AnyWorkerSucceeded"
 
-    # The workers still running are stopped (deleted: their devices are freed).
-    def stopped(j: JsonDict) -> bool:
-        return bool(j.get("status", {}).get("workers", {}).get("total") == 1)
+    # The workers still running are stopped, their devices freed, their pods kept for their
+    # logs (`cleanPodPolicy: None`).
+    def stopped(pods: list[JsonDict]) -> bool:
+        phases = {p["metadata"]["name"]: p.get("status", {}).get("reason") for p in pods}
+        return all(phases.get(f"drv-worker-{i}") == "DeadlineExceeded" for i in range(2))
 
-    await watch_job(gang.kube, gang.ns, "drv", stopped, 60, "workers stopped")
+    await wait_for_pods(gang.kube, gang.ns, stopped, 60, "workers stopped")
     pods = await gang.pods("drv")
-    going = [n for n, p in pods.items() if not p["metadata"].get("deletionTimestamp")]
-    assert going == ["drv-launcher-0"]
+    assert sorted(pods) == ["drv-launcher-0", "drv-worker-0", "drv-worker-1"]
+    assert not [n for n, p in pods.items() if p["metadata"].get("deletionTimestamp")]
+    assert {p["status"]["phase"] for p in pods.values()} == {"Succeeded", "Failed"}
 
 
 # --- admission: CEL rules and immutability ----------------------------------------------------

@@ -480,21 +480,27 @@ async def test_process_mode_a_trainer_done_ends_its_container_and_pod(world: Wor
     await world.barrier_open("done", 0, 2)
     await world.agents_at(0, ["done-0", "done-1"])
 
-    # Rank 1's trainer is done: the agent reports it and exits 0, and with it the container
-    # and (`restartPolicy: Never`) the pod.
+    # Rank 1's trainer is done: the agent reports it and, while the job has not succeeded,
+    # waits with its container running (a restart of the gang would run it again in place).
     await world.sim.crash("done-1", 0)
-
-    def ended(pod: JsonDict) -> bool:
-        return bool(pod.get("status", {}).get("phase") == "Succeeded")
-
-    pod = await wait_for(world.kube, PODS, "done-1", world.ns, ended, 30, "Succeeded")
-    trainer = next(c for c in pod["status"]["containerStatuses"] if c["name"] == "trainer")
-    assert trainer["state"]["terminated"]["exitCode"] == 0
-    # The watch can show the status before the write's own answer is read: wait for that too.
-    await world.sim.wait(lambda sim: "exited" in sim.workers["done-1"].written, 10)
+    await watch_job(
+        world.kube, world.ns, "done",
+        lambda j: [r["succeeded"] for r in j["status"].get("roles") or []] == [1], 30,
+    )  # fmt: skip
+    assert (await world.kube.get(PODS, "done-1", world.ns))["status"]["phase"] == "Running"
 
     await world.sim.crash("done-0", 0)
     job = await watch_job(
         world.kube, world.ns, "done", lambda j: j["status"].get("phase") == "Succeeded", 30
     )
+    # The job succeeded: every agent ends, and with it its container and (`restartPolicy:
+    # Never`) its pod.
+
+    def ended(pod: JsonDict) -> bool:
+        return bool(pod.get("status", {}).get("phase") == "Succeeded")
+
+    for name in ("done-0", "done-1"):
+        pod = await wait_for(world.kube, PODS, name, world.ns, ended, 30, "Succeeded")
+        trainer = next(c for c in pod["status"]["containerStatuses"] if c["name"] == "trainer")
+        assert trainer["state"]["terminated"]["exitCode"] == 0
     assert job["status"]["epoch"] == 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import json
 import os
 import pathlib
 import subprocess
@@ -30,7 +31,15 @@ from agent.protocol import (
     exit_status,
     target_epoch,
 )
-from api.constants import ANNOTATION_EPOCH, ANNOTATION_EXIT, RESTART_EXIT_CODE, AgentPlacement
+from api.constants import (
+    ANNOTATION_EPOCH,
+    ANNOTATION_EXIT,
+    FINISHED_FILE,
+    RESTART_EXIT_CODE,
+    TRAINER_EXIT_FILE,
+    AgentPlacement,
+)
+from controller.arrivals.server import state_line
 
 DEADLINE = 10.0
 NS = "ns"
@@ -402,6 +411,104 @@ async def test_pod_mode_stays_idle_when_the_job_finished(tmp_path: pathlib.Path)
         assert await asyncio.wait_for(task, DEADLINE) == 0
 
 
+async def test_process_mode_runs_a_trainer_that_succeeded_again_when_the_gang_restarts(
+    tmp_path: pathlib.Path,
+) -> None:
+    """The trainer exited 0, then another worker failed: the gang's restart runs it again at the
+    new epoch, in the same container."""
+    fake = FakeApi(epoch=0)
+    fake.add_pod("train-0")
+    a = Agent(make_config(tmp_path), fake, mode=AgentPlacement.WRAPPER, command=sh("exit 0"))
+    async with running(a) as task:
+        fake.set_status(barrierEpoch=0)
+        await until(a, lambda s: s.step == Step.WAITING_FOR_EPOCH and s.last_exit == (0, 0))
+        fake.set_status(epoch=1)
+        await until(a, at(Step.AT_BARRIER, 1))
+        fake.set_status(barrierEpoch=1)
+        await until(a, lambda s: s.step == Step.WAITING_FOR_EPOCH and s.last_exit == (1, 0))
+        assert a.state.trainer_runs == 2
+        fake.set_status(phase="Succeeded")
+        assert await asyncio.wait_for(task, DEADLINE) == 0
+
+
+async def test_process_mode_a_worker_that_succeeded_ends_once_its_role_is_complete(
+    tmp_path: pathlib.Path,
+) -> None:
+    """A role done for good (an initializer every worker of which succeeded) is no part of a
+    later restart: its worker need not wait for the job."""
+    fake = FakeApi(epoch=0)
+    fake.add_pod("train-0")
+    a = Agent(
+        make_config(tmp_path, role="init"), fake, mode=AgentPlacement.WRAPPER, command=sh("exit 0")
+    )
+    async with running(a) as task:
+        fake.set_status(barrierEpoch=0)
+        await until(a, lambda s: s.step == Step.WAITING_FOR_EPOCH and s.last_exit == (0, 0))
+        fake.set_status(roles=[{"name": "other", "state": "Complete"}])
+        await asyncio.sleep(0.05)
+        assert not task.done()
+        fake.set_status(roles=[{"name": "init", "state": "Complete"}])
+        assert await asyncio.wait_for(task, DEADLINE) == 0
+
+
+def test_the_state_line_names_the_complete_roles_only() -> None:
+    job = {
+        "metadata": {"name": "llama"},
+        "status": {
+            "epoch": 2,
+            "barrierEpoch": 2,
+            "phase": "Running",
+            "roles": [{"name": "init", "state": "Complete", "succeeded": 1},
+                      {"name": "worker", "state": "Running"}],
+        },
+    }  # fmt: skip
+    event = json.loads(state_line(job))
+    state = JobState.from_object(event["object"])
+    assert (state.epoch, state.barrier_epoch, state.phase) == (2, 2, "Running")
+    assert state.complete_roles == {"init"}
+    assert event["object"]["status"]["roles"] == [{"name": "init", "state": "Complete"}]
+    assert "roles" not in json.loads(state_line({"status": {"epoch": 0}}))["object"]["status"]
+
+
+async def test_pod_mode_reports_a_launched_trainers_success_and_releases_its_launcher(
+    tmp_path: pathlib.Path,
+) -> None:
+    """`agent.pyz launch` wrote that its trainer exited 0 at the epoch: the sidecar reports it,
+    and once the job has finished tells the launcher, which then ends the container."""
+    fake = FakeApi(epoch=0)
+    fake.add_pod("train-0")
+    a = Agent(make_config(tmp_path, launched=True), fake)
+    async with running(a) as task:
+        fake.set_status(barrierEpoch=0)
+        await until(a, lambda s: s.barrier_open)
+        (a.config.dir / TRAINER_EXIT_FILE).write_text("0:0\n")
+        await until(a, lambda s: s.last_exit == (0, 0))
+        await polled(lambda: fake.annotations("train-0").get(ANNOTATION_EXIT) == "0:0")
+        assert not (a.config.dir / FINISHED_FILE).exists()
+        fake.set_status(phase="Succeeded")
+        await polled(lambda: (a.config.dir / FINISHED_FILE).exists())
+        a.stop()  # the kubelet stops the sidecar once the launcher ended
+        assert await asyncio.wait_for(task, DEADLINE) == 0
+
+
+async def test_pod_mode_ignores_a_launched_success_of_an_older_epoch(
+    tmp_path: pathlib.Path,
+) -> None:
+    fake = FakeApi(epoch=1)
+    fake.add_pod("train-0")
+    config = make_config(tmp_path, launched=True)
+    config.dir.mkdir(parents=True)
+    (config.dir / TRAINER_EXIT_FILE).write_text("0:0\n")
+    a = Agent(config, fake)
+    async with running(a) as task:
+        fake.set_status(barrierEpoch=1)
+        await until(a, lambda s: s.barrier_open)
+        fake.set_status(epoch=2)
+        assert await asyncio.wait_for(task, DEADLINE) == RESTART_EXIT_CODE
+    assert a.state.last_exit is None
+    assert ANNOTATION_EXIT not in fake.annotations("train-0")
+
+
 @pytest.mark.parametrize("seen", ["event", "read"])
 async def test_an_agent_stops_reading_a_deleted_job(tmp_path: pathlib.Path, seen: str) -> None:
     """Its pod is garbage once the job is gone: an agent that went on reading would cost the
@@ -540,6 +647,10 @@ async def test_process_mode_reports_exits_and_restarts_at_the_new_epoch(
         await until(a, at(Step.AT_BARRIER, 1))
         assert fake.annotations("train-0")[ANNOTATION_EPOCH] == "1"
         fake.set_status(barrierEpoch=1)
+        # A success keeps the worker in the gang until the job has succeeded.
+        await until(a, lambda s: s.step == Step.WAITING_FOR_EPOCH and s.last_exit == (1, 0))
+        assert not task.done()
+        fake.set_status(phase="Succeeded")
         assert await asyncio.wait_for(task, DEADLINE) == 0
     assert fake.annotations("train-0") == {ANNOTATION_EPOCH: "1", ANNOTATION_EXIT: "1:0"}
     assert a.state.trainer_runs == 2

@@ -103,6 +103,7 @@ SAMPLE: dict[str, Any] = {
         "suspend": False,
         "ttlSecondsAfterFinished": 3600,
         "progress": {"hangSeconds": 60},
+        "cleanPodPolicy": "Running",
         "masterPort": 23456,
     },
     "status": {
@@ -375,6 +376,7 @@ INVALID_SPECS: list[tuple[str, dict[str, Any], str]] = [
     ("barrier timeout", spec_dict(restart={"barrierTimeoutSeconds": 0}), "barrierTimeoutSeconds"),
     ("port 0", spec_dict(masterPort=0), "masterPort"),
     ("port 65536", spec_dict(masterPort=65536), "masterPort"),
+    ("cleanPodPolicy", spec_dict(cleanPodPolicy="Completed"), "cleanPodPolicy"),
     ("ttl", spec_dict(ttlSecondsAfterFinished=-1), "ttlSecondsAfterFinished"),
     ("successPolicy", spec_dict(successPolicy="Any"), "successPolicy"),
     ("no matcher", spec_dict(failurePolicy={"rules": [rule()]}), "exactly one of"),

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import ctypes
 import io
 import json
+import os
 import tarfile
 from pathlib import Path
 
 import pytest
 
-from localcluster import images
+from localcluster import images, inotify, prebuild, pytorch
 from localcluster.cli import parser
 from localcluster.cluster import Cluster, Options, kwok_node, scheduler_config
 from localcluster.handle import WELL_KNOWN_SLOTS, ClusterError, Ports
@@ -127,3 +129,52 @@ def test_oci_archive_is_a_valid_image_layout(tmp_path: Path) -> None:
     # Deterministic: the same spec gives the same bytes (the image is cached by content).
     again = images.write_oci_archive(spec, tmp_path / "t2.tar")
     assert again.read_bytes() == archive.read_bytes()
+
+
+def test_a_run_builds_before_its_first_test_what_its_tests_run() -> None:
+    unit = Path("tests/unit/test_plan.py")
+    chart = Path("tests/integration/test_chart.py")
+    kueue = Path("tests/integration/test_kueue.py")
+    e2e = Path("tests/e2e/test_torchrun.py")
+    assert prebuild.needed([unit]) == []
+    assert prebuild.needed([unit, e2e]) == ["kubernetes"]
+    assert prebuild.needed([kueue, chart, unit]) == ["kubernetes", "helm", "kueue"]
+    assert set(prebuild.BUILDS) >= {"kubernetes", *prebuild.ADDONS.values()}
+
+
+def test_up_says_when_the_user_is_short_of_inotify_instances() -> None:
+    assert inotify.shortage("node", used=100, allowed=128) is None
+    problem = inotify.shortage("node", used=115, allowed=128)
+    assert problem is not None
+    assert "13 left (115 of fs.inotify.max_user_instances=128 in use" in problem
+    assert "localcluster down --name" in problem
+    assert "sysctl -w fs.inotify.max_user_instances=" in problem
+    assert inotify.shortage("sim", used=115, allowed=128) is None
+
+
+def test_the_inotify_instances_in_use_are_counted_from_the_kernel(tmp_path: Path) -> None:
+    # A /proc of this process alone: what others open meanwhile does not count here.
+    (tmp_path / str(os.getpid())).symlink_to(f"/proc/{os.getpid()}")
+    before = inotify.in_use(proc=tmp_path)
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.inotify_init1(0)
+    assert fd >= 0, os.strerror(ctypes.get_errno())
+    try:
+        assert inotify.in_use(proc=tmp_path) == before + 1
+    finally:
+        os.close(fd)
+    assert inotify.in_use(proc=tmp_path) == before
+    assert inotify.limit() > 0
+
+
+def test_a_console_script_of_the_trainer_image_runs_with_the_images_python(
+    tmp_path: Path,
+) -> None:
+    # pip --target writes the interpreter that installed it: this host's, not the image's.
+    script = tmp_path / "torchrun"
+    script.write_text(
+        "#!/work/x/.venv/bin/python3.11\nimport sys\nfrom torch.distributed.run import main\n"
+    )
+    assert pytorch.image_script(script) == (
+        b"#!/usr/bin/python3\nimport sys\nfrom torch.distributed.run import main\n"
+    )

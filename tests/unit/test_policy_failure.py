@@ -11,7 +11,7 @@ from api.v1alpha1 import (
     Phase,
     RestartCounts,
 )
-from controller.policy.plan import EventSpec, PodDelete, plan
+from controller.policy.plan import EventSpec, PodStop, plan
 from tests.unit.builders import make_job, make_node, make_pod
 from tests.unit.gangs import (
     STAMP,
@@ -85,9 +85,10 @@ def test_a_non_retriable_exit_fails_the_job() -> None:
     assert result.status.epoch == 0
     assert condition(result, ConditionType.FAILED) == ("True", "NonRetriableExitCode", message)
     assert result.events == [EventSpec("Warning", "Failed", message)]
-    assert result.delete_pods == [
-        PodDelete(name="llama-0", uid="uid-0", reason="JobFinished"),
-        PodDelete(name="llama-2", uid="uid-2", reason="JobFinished"),
+    assert result.delete_pods == []
+    assert result.stop_pods == [
+        PodStop(name="llama-0", uid="uid-0", reason="JobFinished"),
+        PodStop(name="llama-2", uid="uid-2", reason="JobFinished"),
     ]
     assert [(d.worker, d.action) for d in result.failures] == [(1, FailureAction.FAIL_JOB)]
 
@@ -105,7 +106,9 @@ def test_a_fail_job_rule_fails_the_job_whatever_else_failed() -> None:
         "worker 1 (pod llama-1): container trainer exited with code 42 (Error); "
         "spec.failurePolicy.rules[0] fails the job",
     )
-    assert [d.name for d in result.delete_pods] == ["llama-0", "llama-1", "llama-2"]
+    # The workers whose trainer ended end on their own; the one still running is stopped.
+    assert [d.name for d in result.stop_pods] == ["llama-2"]
+    assert result.delete_pods == []
     replan(observed, result)
 
 

@@ -6,6 +6,7 @@ workers, and what `finish_pod` adds to a worker (restart mode, avoided nodes).""
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from api.constants import ConditionType
 from api.v1alpha1 import (
@@ -15,16 +16,20 @@ from api.v1alpha1 import (
 )
 from controller.policy.conditions import get_condition
 from controller.policy.lifecycle import finish_pod
-from controller.policy.plan import EventSpec, PlanConfig, PodDelete, plan
+from controller.policy.plan import EventSpec, Plan, PlanConfig, PodDelete, PodStop, plan
 from tests.unit.builders import JOB_NAME, T0, make_job, make_node, make_pod, with_status
 from tests.unit.gangs import (
     NOW,
     STAMP,
     carry_out,
     condition,
+    crashed,
+    gang,
     names,
     new_gang,
     observe,
+    running_status,
+    worker,
 )
 
 # --- creation -------------------------------------------------------------------------------
@@ -214,12 +219,70 @@ def test_a_finished_job_stays_finished_and_creates_nothing() -> None:
     job = make_job(replicas=3, successPolicy="Rank0")
     first = plan(observe(job, [make_pod(0, phase="Succeeded"), make_pod(1)]))
     later = NOW + timedelta(hours=1)
+    # Rank 1, still running, was stopped: its pod is kept, Failed.
+    stopped = {**make_pod(1, phase="Failed"), "spec": {"activeDeadlineSeconds": 1}}
     second = plan(
-        observe(with_status(job, first.status), [make_pod(0, phase="Succeeded")], now=later)
+        observe(
+            with_status(job, first.status),
+            [make_pod(0, phase="Succeeded"), stopped],
+            now=later,
+        )
     )
-    assert second.status == first.status
+    kept = ("phase", "epoch", "conditions", "completion_time", "restarts")
+    assert [getattr(second.status, k) for k in kept] == [getattr(first.status, k) for k in kept]
     assert (second.create_pods, second.create_service, second.events) == ([], None, [])
+    assert (second.delete_pods, second.stop_pods) == ([], [])
     assert second.requeue_after is None
+
+
+# --- cleanPodPolicy -------------------------------------------------------------------------
+
+
+def _rank0_done(policy: str | None, mode: str = "Pod") -> Plan:
+    """Rank 0 succeeded (Rank0 policy); rank 1 trains on; rank 2's trainer has ended (exit 0,
+    its sidecar still stopping); rank 3 already stopped."""
+    spec: dict[str, Any] = {"successPolicy": "Rank0", "restart": {"mode": mode}}
+    if policy is not None:
+        spec["cleanPodPolicy"] = policy
+    stopped = worker(3, 0)
+    stopped["spec"]["activeDeadlineSeconds"] = 1
+    pods = [worker(0, 0, phase="Succeeded"), worker(1, 0), crashed(worker(2, 0), 0), stopped]
+    status = running_status().model_copy(update={"mode": RestartMode(mode)})
+    return plan(gang(4, status, pods, **spec))
+
+
+def test_a_finished_job_stops_its_running_workers_and_keeps_every_pod_by_default() -> None:
+    result = _rank0_done(None)
+    assert result.status.phase is Phase.SUCCEEDED
+    assert result.delete_pods == []
+    # Only the worker that still trains: the one whose trainer ended ends on its own, as it
+    # would have (stopped, its pod would say DeadlineExceeded), and rank 3 was stopped before.
+    assert result.stop_pods == [PodStop(name="llama-1", uid="uid-1", reason="JobFinished")]
+
+
+def test_clean_pod_policy_running_deletes_the_pods_still_running() -> None:
+    result = _rank0_done("Running")
+    assert [d.name for d in result.delete_pods] == ["llama-1", "llama-2", "llama-3"]
+    assert result.stop_pods == []
+
+
+def test_clean_pod_policy_all_deletes_every_pod() -> None:
+    result = _rank0_done("All")
+    assert [d.name for d in result.delete_pods] == ["llama-0", "llama-1", "llama-2", "llama-3"]
+    assert result.stop_pods == []
+
+
+def test_a_process_mode_worker_that_reported_its_exit_is_left_to_end_on_its_own() -> None:
+    # In Process mode the trainer's container is the agent's: it runs on after the trainer's
+    # exit, until it sees the job finished.
+    spec: dict[str, Any] = {"successPolicy": "Rank0", "restart": {"mode": "Process"}}
+    reported = worker(1, 0)
+    reported["metadata"]["annotations"]["gangjob.io/exit"] = "0:0"
+    pods = [worker(0, 0, phase="Succeeded"), reported, worker(2, 0)]
+    status = running_status().model_copy(update={"mode": RestartMode.PROCESS})
+    result = plan(gang(3, status, pods, **spec))
+    assert result.status.phase is Phase.SUCCEEDED
+    assert [s.name for s in result.stop_pods] == ["llama-2"]
 
 
 # --- TTL ------------------------------------------------------------------------------------

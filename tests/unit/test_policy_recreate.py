@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from api.constants import KUEUE_QUEUE_NAME_LABEL, ConditionType
+from api.constants import KUEUE_QUEUE_NAME_LABEL, PLACEMENT_GATE, ConditionType
 from api.v1alpha1 import (
     FailureAction,
     RestartCounts,
@@ -21,7 +21,7 @@ from api.v1alpha1 import (
 )
 from controller.policy.plan import Observed, PlanConfig, PodDelete, plan
 from controller.policy.recreate import ranks_text
-from controller.policy.views import NodeView
+from controller.policy.views import NodeView, PodView
 from tests.unit.builders import T0, make_node
 from tests.unit.gangs import (
     GANG_NOW,
@@ -129,6 +129,64 @@ def test_a_kueue_workers_replacement_keeps_its_groups_shape() -> None:
     [created] = plan(after).create_pods
     assert created["metadata"]["labels"][KUEUE_QUEUE_NAME_LABEL] == "team-a"
     assert "affinity" not in created["spec"]
+    assert created["spec"]["schedulingGates"] == [{"name": PLACEMENT_GATE}]
+
+
+def _queued_device_loss() -> tuple[Observed, dict[str, Any]]:
+    """A queued gang whose worker 1 lost its device on gpu-7: the observation once the old pod
+    is gone, and the replacement the next pass creates."""
+    pods = [worker(0, 0), worker(1, 0, node="gpu-7")]
+    pods[1]["status"]["containerStatuses"][0]["allocatedResourcesStatus"] = [
+        {"name": "nvidia.com/gpu", "resources": [{"resourceID": "g", "health": "Unhealthy"}]}
+    ]
+    observed = gang(replicas=2, pods=pods, nodes=[make_node(), make_node("gpu-7")])
+    observed.job.metadata.labels[KUEUE_QUEUE_NAME_LABEL] = "team-a"
+    result = plan(observed)
+    assert result.status.avoid_nodes == ["gpu-7"]
+    after = carry_out(observed, result)
+    after = dataclasses.replace(after, pods=[p for p in after.pods if p.name != "llama-1"])
+    [created] = plan(after).create_pods
+    return after, created
+
+
+def test_a_kueue_worker_recreated_for_its_device_is_created_in_its_groups_shape() -> None:
+    # avoidNodes in its affinity at creation would give it another role hash than its group's:
+    # no member of the admitted Workload, it would stay gated.
+    _, created = _queued_device_loss()
+    assert "affinity" not in created["spec"]
+    assert created["spec"]["schedulingGates"] == [{"name": PLACEMENT_GATE}]
+
+
+def test_a_gated_kueue_worker_is_kept_off_the_nodes_then_ungated_in_one_write() -> None:
+    after, created = _queued_device_loss()
+    created["metadata"]["uid"], created["metadata"]["resourceVersion"] = "new-1", "17"
+    # Kueue's webhook added its gate; the pod is in the cache.
+    created["spec"]["schedulingGates"].insert(0, {"name": "kueue.x-k8s.io/admission"})
+    seen = dataclasses.replace(after, pods=[*after.pods, PodView.from_pod(created)])
+    result = plan(seen)
+    assert result.create_pods == []
+    [placement] = result.place_pods
+    assert (placement.name, placement.resource_version) == ("llama-1", "17")
+    assert placement.gates == ("kueue.x-k8s.io/admission",)
+    assert placement.affinity is not None
+    assert _kept_off({"spec": {"affinity": placement.affinity}}) == ["gpu-7"]
+    # Once our gate is gone, nothing more.
+    created["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
+    placed = dataclasses.replace(after, pods=[*after.pods, PodView.from_pod(created)])
+    assert plan(placed).place_pods == []
+
+
+def test_a_worker_not_queued_is_never_gated_by_the_controller() -> None:
+    pods = [worker(0, 0), worker(1, 0, node="gpu-7")]
+    pods[1]["status"]["containerStatuses"][0]["allocatedResourcesStatus"] = [
+        {"name": "nvidia.com/gpu", "resources": [{"resourceID": "g", "health": "Unhealthy"}]}
+    ]
+    observed = gang(replicas=2, pods=pods, nodes=[make_node(), make_node("gpu-7")])
+    after = carry_out(observed, plan(observed))
+    after = dataclasses.replace(after, pods=[p for p in after.pods if p.name != "llama-1"])
+    [created] = plan(after).create_pods
+    assert "schedulingGates" not in created["spec"]
+    assert _kept_off(created) == ["gpu-7"]
 
 
 @pytest.mark.parametrize("seen_deleted", [True, False])

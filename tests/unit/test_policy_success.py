@@ -7,7 +7,7 @@ from api.constants import ConditionType
 from api.v1alpha1 import (
     Phase,
 )
-from controller.policy.plan import EventSpec, PodDelete, plan
+from controller.policy.plan import EventSpec, PodStop, plan
 from tests.unit.builders import make_job, make_pod
 from tests.unit.gangs import (
     STAMP,
@@ -52,6 +52,7 @@ def test_rank0_policy_succeeds_with_rank_0_and_frees_the_rest() -> None:
         "Rank0Succeeded",
         "Rank 0 succeeded",
     )
-    # The running worker is deleted, the finished ones kept for their logs, rank 3 not created.
-    assert result.delete_pods == [PodDelete(name="llama-1", uid="uid-1", reason="JobFinished")]
+    # The running worker is stopped, every pod kept for its logs, rank 3 not created.
+    assert result.delete_pods == []
+    assert result.stop_pods == [PodStop(name="llama-1", uid="uid-1", reason="JobFinished")]
     assert names(result) == []

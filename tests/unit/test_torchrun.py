@@ -141,18 +141,30 @@ def test_launch_env_names_what_is_missing(tmp_path: pathlib.Path) -> None:
         launch_env({"GANGJOB_NAME": "llama", "GANGJOB_DIR": str(tmp_path)})
 
 
-def test_launch_execs_the_command_with_the_epoch(tmp_path: pathlib.Path) -> None:
+def _launch(tmp_path: pathlib.Path, script: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "epoch").write_text("7\n")
     env = {**os.environ, "GANGJOB_NAME": "llama", "GANGJOB_DIR": str(tmp_path)}
-    script = 'echo "$$ $GANGJOB_EPOCH $PET_RDZV_ID"'
-    out = subprocess.run(
-        [sys.executable, "-c", "import os, sys; from agent.cli import main; "
-         "print(os.getpid(), flush=True); sys.exit(main())",
-         "launch", "--", "sh", "-c", script],
-        env=env, capture_output=True, text=True, check=True, timeout=60,
-    ).stdout.split("\n")  # fmt: skip
-    # The trainer replaces the launcher (the same pid): nothing stays between it and its parent.
-    assert out[1] == f"{out[0]} 7 llama-epoch-7"
+    return subprocess.run(
+        [sys.executable, "-m", "agent", "launch", "--", "sh", "-c", script],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_launch_runs_the_command_with_the_epoch_and_says_it_succeeded(
+    tmp_path: pathlib.Path,
+) -> None:
+    # The sidecar said the job has finished: the launcher does not hold the container.
+    (tmp_path / "finished").write_text("1\n")
+    done = _launch(tmp_path, 'echo "$GANGJOB_EPOCH $PET_RDZV_ID"')
+    assert (done.returncode, done.stdout) == (0, "7 llama-epoch-7\n")
+    # For the sidecar to report: the trainer exited 0 at epoch 7.
+    assert (tmp_path / "trainer-exit").read_text() == "7:0\n"
+
+
+def test_launch_ends_with_a_failed_commands_code(tmp_path: pathlib.Path) -> None:
+    done = _launch(tmp_path, "exit 3")
+    assert done.returncode == 3
+    assert not (tmp_path / "trainer-exit").exists()
 
 
 def test_launch_exits_127_for_a_missing_command(tmp_path: pathlib.Path) -> None:
