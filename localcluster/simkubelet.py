@@ -168,7 +168,12 @@ def trainer_command(pod: JsonDict, trainer: str) -> list[str]:
 @dataclass(frozen=True)
 class SimProgress:
     """How the stand-in trainers report progress: `steps_per_second` from the start of each run
-    (step 0 at once), a checkpoint every `checkpoint_every` steps (0: none)."""
+    (step 0 at once), a checkpoint every `checkpoint_every` steps (0: none).
+
+    Through the file, as a real trainer reports, so that the agent's real reading of it runs:
+    on this machine (/dev/shm, 1000 workers) a step written costs ~14 us and its agent's poll
+    reading it ~30 us, an unchanged poll ~16 us: at N=1000 and a step a second, ~5% of a core
+    for the simulation."""
 
     steps_per_second: float = 1.0
     checkpoint_every: int = 0
