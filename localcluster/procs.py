@@ -7,6 +7,7 @@ that the kernel has since given to somebody else's process no longer matches, an
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import random
@@ -113,17 +114,25 @@ def tail(path: str | Path, lines: int = 25) -> str:
         return "(no log)"
 
 
+_HANDED_OUT: collections.deque[int] = collections.deque(maxlen=64)
+"""The ports `free_port` returned last: free when asked, but a child given one may not have
+bound it yet (two controller replicas' six ports are picked before either starts)."""
+
+
 def free_port() -> int:
     """A free loopback port for a child's server (a controller's metrics, a gloo rendezvous),
     below the clusters' ports (21000+) and outside the kernel's ephemeral range: a port the
     kernel handed out (bind to 0) is free only until some outgoing connection takes it, before
-    the child binds it."""
+    the child binds it. Never one of the last it returned."""
     for _ in range(200):
         port = random.randrange(20000, 21000)
+        if port in _HANDED_OUT:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
+            _HANDED_OUT.append(port)
             return port
     raise RuntimeError("no free port in 20000-20999")

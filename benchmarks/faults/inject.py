@@ -28,6 +28,8 @@ class Injected:
     crashes: dict[str, int] = field(default_factory=dict)
     failing: set[str] = field(default_factory=set)
     single: set[str] = field(default_factory=set)
+    hung: dict[str, tuple[int, float]] = field(default_factory=dict)
+    """The gang whose worker's trainer hung: its worker number and its last step's time."""
     after: Callable[[], Awaitable[str | None]] | None = None
     """Undoes a lasting fault once the gangs recovered under it (overload, endpoint); may say
     what the fault did meanwhile."""
@@ -176,6 +178,27 @@ async def device_unhealthy(w: World, rng: random.Random) -> Injected:
     return Injected(jobs={job}, single={job}, note=f"{name} on {pod['spec'].get('nodeName')}")
 
 
+async def hang(w: World, rng: random.Random) -> Injected:
+    """A `Process`-mode worker's trainer stops reporting its steps and keeps running (only the
+    stand-in trainers report). A `Hang` counts against the budget as a crash does."""
+    job = rng.choice(sorted(g.name for g in w.gangs.values() if g.shape.mode == "Process"))
+    rank = _rank(w, job, rng)
+    name = w.workers(job)[rank]
+
+    def reported() -> bool:
+        wk = w.sim.workers.get(name)
+        return wk is not None and wk.trainer is not None and wk.trainer.step is not None
+
+    await wait(reported, STEP_TIMEOUT)
+    run = w.sim.hang(name)
+    if run.reported_at is None:
+        raise RuntimeError(f"{name}'s trainer never reported a step")
+    i = Injected(single={job}, hung={job: (rank, run.reported_at)},
+                 note=f"{job} rank {rank} at step {run.step}")  # fmt: skip
+    i.crashed(job)
+    return i
+
+
 async def _kill_leader(w: World) -> str:
     """SIGKILL of the replica holding the Lease; the supervisor starts it again."""
     leader = w.leader()
@@ -322,6 +345,7 @@ INJECTORS: dict[str, Injector] = {
     "node-lost": node_lost,
     "node-lost-during-restart": node_lost_during_restart,
     "device-unhealthy": device_unhealthy,
+    "hang": hang,
     "controller-kill-after-epoch": _kill_at("epoch"),
     "controller-kill-mid-arrival": _kill_at("arrival"),
     "controller-kill-after-barrier": _kill_at("barrier"),

@@ -22,7 +22,10 @@ The invariants (`INVARIANTS`, each a violation's `invariant`):
 - `terminating`: no pod stays Terminating longer than `terminating_bound`;
 - `restart-once`: every epoch bump is recorded once in `status.restarts.total`, a single
   failure bumps once, the history never holds an epoch twice, and no restart has two
-  `GangRestarting` Events.
+  `GangRestarting` Events;
+- `hang`: a trainer that stopped reporting its steps while it runs restarts its gang as class
+  `Hang` naming that worker (`trigger.worker`), the epoch raised within `hang_bound` of its
+  last step (seen by this observer's watch).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from typing import Any
 
 from agent.agent import Step
 from api.constants import LABEL_NAME, LABEL_RANK, AgentPlacement
-from api.failures import UNCOUNTED
+from api.failures import UNCOUNTED, FailureClass
 from benchmarks.scale.observer import follow
 from controller.k8s import CORE_EVENTS, GANGJOBS, PODS, JsonDict, Kube
 from localcluster.simkubelet import SimKubelet, SimTrainer, Worker
@@ -49,6 +52,7 @@ INVARIANTS = (
     "lost-record",
     "terminating",
     "restart-once",
+    "hang",
 )
 FAIL_REASON_EXIT_CODE = "NonRetriableExitCode"
 """The Failed condition's reason when a `FailJob` rule matched an exit code (docs/api.md)."""
@@ -127,6 +131,9 @@ class FaultOutcome:
     """Gangs that had exactly one failure: exactly one epoch bump."""
     infra: bool = False
     """No crash at all: the budget must not move."""
+    hung: Mapping[str, tuple[int, float]] = field(default_factory=dict)
+    """Gangs whose worker's trainer hung: (its worker number, `time.monotonic()` of its last
+    step)."""
 
 
 _MONOTONE = ("epoch", "barrierEpoch", "restarts.total", "restarts.counted")
@@ -142,9 +149,15 @@ def _path(job: Mapping[str, Any], dotted: str) -> int | None:
 class Checker:
     """The invariants over observations; `violations` collects what broke them."""
 
-    def __init__(self, terminating_bound: float, recovery_bound: float) -> None:
+    def __init__(
+        self, terminating_bound: float, recovery_bound: float, hang_bound: float = 15.0
+    ) -> None:
         self.terminating_bound = terminating_bound
         self.recovery_bound = recovery_bound
+        self.hang_bound = hang_bound
+        """A hung trainer's last step to the epoch raised for it, at most."""
+        self.hang_detections: list[tuple[str, int, float]] = []
+        """(job, epoch, seconds): each hang's last step to the epoch raised, as seen."""
         self.violations: list[Violation] = []
         self._jobs: dict[str, JsonDict] = {}
         self._deleting: set[str] = set()
@@ -152,6 +165,9 @@ class Checker:
         self._flagged: set[tuple[str, str]] = set()
         self._counted_infra: set[tuple[str, int]] = set()
         self._triggers: dict[str, dict[int, str]] = {}  # job -> epoch -> what bumped to it
+        # job -> epoch -> (class, worker) of the trigger that raised it, and when it was seen
+        self._trigger_of: dict[str, dict[int, tuple[Any, Any]]] = {}
+        self._epoch_seen: dict[str, dict[int, float]] = {}
         self._pod_nodes: dict[tuple[str, int], str] = {}  # (job, rank) -> its pod's node
         # job -> epoch -> the node of a NodeLost trigger's worker, as its pod was last seen
         self._lost_on: dict[str, dict[int, str]] = {}
@@ -214,13 +230,22 @@ class Checker:
         if old is not None and old["metadata"].get("uid") != job["metadata"].get("uid"):
             self._triggers.pop(name, None)
             self._lost_on.pop(name, None)
+            self._trigger_of.pop(name, None)
+            self._epoch_seen.pop(name, None)
         self._jobs[name] = job
+        epoch = _path(job, "epoch")
+        if epoch is not None:
+            self._epoch_seen.setdefault(name, {}).setdefault(epoch, now)
         last = (job.get("status") or {}).get("lastRestart") or {}
         trigger = last.get("trigger") or {}
         if isinstance(last.get("epoch"), int):
             self._triggers.setdefault(name, {})[last["epoch"]] = (
                 f"{trigger.get('class')} of worker {trigger.get('worker')}"
                 f" ({str(trigger.get('detail') or '')[:100]})"
+            )
+            self._trigger_of.setdefault(name, {})[last["epoch"]] = (
+                trigger.get("class"),
+                trigger.get("worker"),
             )
             node = self._pod_nodes.get((name, trigger.get("worker", -1)))
             if trigger.get("class") == "NodeLost" and node:
@@ -315,6 +340,8 @@ class Checker:
                     now,
                 )
             self.collateral += [(job, epoch, node) for epoch, node in collateral]
+            if job in f.hung:
+                self._hang(now, job, before.epoch + 1, *f.hung[job])
             counted = after.counted - before.counted
             allowed = 0 if f.infra else f.crashes.get(job, 0)
             if counted > allowed:
@@ -324,6 +351,30 @@ class Checker:
                     f"{where}: restarts.counted +{counted}, at most +{allowed} allowed",
                     now,
                 )
+
+    def _hang(self, now: float, job: str, epoch: int, worker: int, last_step: float) -> None:
+        """The gang's first restart after its worker's trainer hung: as class `Hang`, naming
+        that worker, within `hang_bound` of the trainer's last step."""
+        cls, named = self._trigger_of.get(job, {}).get(epoch, (None, None))
+        seen = self._epoch_seen.get(job, {}).get(epoch)
+        want = f"{FailureClass.HANG} of worker {worker}"
+        if seen is None or cls is None:
+            self._flag("hang", job, f"worker {worker} hung; no restart to epoch {epoch} seen", now)
+            return
+        self.hang_detections.append((job, epoch, seen - last_step))
+        if cls != FailureClass.HANG or named != worker:
+            self._flag(
+                "hang", job, f"restart to epoch {epoch} was {cls} of worker {named}; want {want}",
+                now,
+            )  # fmt: skip
+        if seen - last_step > self.hang_bound:
+            self._flag(
+                "hang",
+                job,
+                f"epoch {epoch} raised {seen - last_step:.1f}s after worker {worker}'s last "
+                f"step; bound {self.hang_bound:g}s",
+                now,
+            )
 
     def _collateral(self, job: str, since: int, to: int) -> list[tuple[int, str]]:
         """The bumps from `since` to `to` for the loss of a node the campaign did not lose."""

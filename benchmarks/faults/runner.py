@@ -17,7 +17,14 @@ from typing import Any
 from benchmarks.faults.inject import INJECTORS, Injected
 from benchmarks.faults.observer import INVARIANTS, Checker, FaultOutcome, JobFacts, Violation
 from benchmarks.faults.schedule import KINDS, schedule
-from benchmarks.faults.world import Shape, World, ensure_cluster, open_world, wait
+from benchmarks.faults.world import (
+    HANG_SECONDS,
+    Shape,
+    World,
+    ensure_cluster,
+    open_world,
+    wait,
+)
 from controller.k8s import Kube
 
 FULL_SHAPES = [
@@ -42,6 +49,10 @@ class Settings:
     terminating_bound: float = 60.0
     """No pod Terminating longer: the force-delete guard's 2 s plus a controller's failover
     (the Lease's 15 s) and an apiserver restart."""
+    hang_bound: float = HANG_SECONDS + 5.0
+    """A hung trainer's last step to its gang's epoch raised, at most: `hangSeconds`, the
+    agent's 1 s poll (once to see the last step, once to see the stall), the controller's
+    1 s wait for the gang's other stalls, its pass, and the observer's watch."""
     logs: Path | None = None
     kinds: list[str] | None = None
     """Only these fault kinds (default: all)."""
@@ -108,7 +119,7 @@ async def run(settings: Settings) -> Result:
     cluster, started = await asyncio.to_thread(ensure_cluster, settings.cluster)
     logs = settings.logs or Path(tempfile.mkdtemp(prefix="gangjob-faults-"))
     logs.mkdir(parents=True, exist_ok=True)
-    checker = Checker(settings.terminating_bound, settings.recovery_bound)
+    checker = Checker(settings.terminating_bound, settings.recovery_bound, settings.hang_bound)
     t_start = time.monotonic()
     rows: list[FaultRow] = []
     revived: list[str] = []
@@ -192,6 +203,7 @@ async def one_fault(
 
     await wait(quiet, settings.recovery_bound)
     seen, seen_collateral = len(w.checker.violations), len(w.checker.collateral)
+    seen_hangs = len(w.checker.hang_detections)
     before = {g.name: w.observer.facts(g.name) for g in w.gangs.values()}
     t0 = time.monotonic()
     try:
@@ -228,6 +240,7 @@ async def one_fault(
             failing=frozenset(injected.failing),
             single=frozenset(injected.single),
             infra=injected.infra,
+            hung=injected.hung,
         ),
     )
     if not ok:
@@ -238,6 +251,9 @@ async def one_fault(
         file=sys.stderr,
         flush=True,
     )
+    for job, epoch, took in w.checker.hang_detections[seen_hangs:]:
+        print(f"  {job}: epoch {epoch} raised {took:.1f}s after the hung trainer's last step "
+              f"(bound {w.checker.hang_bound:g}s)", file=sys.stderr)  # fmt: skip
     for job, epoch, node in w.checker.collateral[seen_collateral:]:
         print(f"  collateral: {job} epoch {epoch}: node {node} lost, not by the campaign",
               file=sys.stderr)  # fmt: skip

@@ -14,6 +14,7 @@ KINDS: dict[str, str] = {
     "node-lost": "a node goes NotReady with the unreachable taints, its pods stuck Terminating",
     "node-lost-during-restart": "a worker crashes, then a node of the gang is lost mid-restart",
     "device-unhealthy": "a worker's GPU turns Unhealthy (allocatedResourcesStatus)",
+    "hang": "a Process-mode worker's trainer stops reporting steps and keeps running",
     "controller-kill-after-epoch": "a crash; the leader SIGKILLed once the epoch is written",
     "controller-kill-mid-arrival": "a crash; the leader SIGKILLed while arrivals come in",
     "controller-kill-after-barrier": "a crash; the leader SIGKILLed once the barrier is written",

@@ -23,7 +23,7 @@ from benchmarks.faults.observer import Checker, Observer
 from benchmarks.faults.proxy import ArrivalProxy
 from controller.k8s import GANGJOBS, LEASES, NAMESPACES, NODES, PODS, JsonDict, Kube, NotFound
 from localcluster.cluster import SIMULATED_KUBELET_LABEL, Cluster, Options, kwok_node
-from localcluster.simkubelet import SimKubelet
+from localcluster.simkubelet import SimKubelet, SimProgress
 from localcluster.tools import SYSTEM_NS, ControllerProcess, controller_kubeconfig, install_crd
 
 NODE_LABEL = "gangjob-faults"
@@ -32,6 +32,11 @@ FATAL_CODE = 3
 """The exit code every campaign gang's failure policy sends to `FailJob`."""
 FORCE_DELETE_AFTER = 2
 """`spec.nodeLoss.forceDeleteAfterSeconds` of the campaign's gangs."""
+HANG_SECONDS = 10
+"""`spec.progress.hangSeconds` of the campaign's gangs: small, so that a hang costs a fault
+little more than a crash; well above the stand-in trainers' step (`PROGRESS`)."""
+PROGRESS = SimProgress(steps_per_second=2.0, checkpoint_every=20)
+"""How the campaign's stand-in trainers (`Process` mode) report their steps."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +96,10 @@ class World:
             failure_rules=[
                 {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [FATAL_CODE]}}
             ],
-            spec={"nodeLoss": {"forceDeleteAfterSeconds": FORCE_DELETE_AFTER}},
+            spec={
+                "nodeLoss": {"forceDeleteAfterSeconds": FORCE_DELETE_AFTER},
+                "progress": {"hangSeconds": HANG_SECONDS},
+            },
         )
 
     async def create_gang(self, shape: Shape, generation: int = 0) -> Gang:
@@ -311,6 +319,7 @@ async def open_world(
         start_delay=0.3,
         arrival_url=proxy.url,
         kill_grace_seconds=0.5,
+        progress=PROGRESS,
     )
     observer = Observer(observer_kube, ns, sim, checker)
     w = World(cluster, kube, ns, api, proxy, replicas, sim, observer, checker)

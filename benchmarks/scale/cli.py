@@ -7,7 +7,15 @@ import asyncio
 
 import benchmarks.scale
 from benchmarks.scale.runner import run
-from benchmarks.scale.settings import MODES, PEER_MAX_SIZE, PEER_QPS, PEERS, Settings
+from benchmarks.scale.settings import (
+    HANG,
+    MODES,
+    PEER_MAX_SIZE,
+    PEER_QPS,
+    PEERS,
+    SELECTABLE_MODES,
+    Settings,
+)
 
 
 def main() -> int:
@@ -45,7 +53,8 @@ def main() -> int:
     p.add_argument(
         "--modes",
         default=",".join(MODES),
-        help=f"measurements to take, comma-separated (default: all of {','.join(MODES)})",
+        help=f"measurements to take, comma-separated (default: all of {','.join(MODES)}; "
+        f"{HANG}, a hung trainer's detection and restart, only when named)",
     )
     p.add_argument(
         "--peers",
@@ -78,8 +87,8 @@ def main() -> int:
     p.add_argument("--keep", action="store_true", help="leave a cluster this run started up")
     a = p.parse_args()
     modes = tuple(m for m in a.modes.split(",") if m)
-    if not modes or set(modes) - set(MODES):
-        p.error(f"--modes: choose from {','.join(MODES)}")
+    if not modes or set(modes) - set(SELECTABLE_MODES):
+        p.error(f"--modes: choose from {','.join(SELECTABLE_MODES)}")
     peers = tuple(x for x in a.peers.split(",") if x)
     if set(peers) - set(PEERS):
         p.error(f"--peers: choose from {','.join(PEERS)}")

@@ -72,7 +72,10 @@ class World:
         return base + per_pod * self.n
 
 
-def gangjob(name: str, ns: str, replicas: int, mode: str) -> JsonDict:
+def gangjob(
+    name: str, ns: str, replicas: int, mode: str, hang_seconds: int | None = None
+) -> JsonDict:
+    progress = {"progress": {"hangSeconds": hang_seconds}} if hang_seconds else {}
     return builders.gangjob(
         name, replicas, namespace=ns,
         image="localhost/busybox:dev", command=["sh", "-c", "sleep infinity"],
@@ -81,7 +84,7 @@ def gangjob(name: str, ns: str, replicas: int, mode: str) -> JsonDict:
         pod_labels={SIMULATED_KUBELET_LABEL: "true"},
         restart_mode=mode, max_restarts=1000,
         # The benchmark measures the restart, not the guard's wait (60 s by default).
-        spec={"nodeLoss": {"forceDeleteAfterSeconds": 0}},
+        spec={"nodeLoss": {"forceDeleteAfterSeconds": 0}, **progress},
     )  # fmt: skip
 
 
@@ -153,10 +156,12 @@ async def lose_node(kube: Kube, node: str) -> None:
     await kube.patch(NODES, node, {"spec": {"taints": taints}})
 
 
-async def start_gang(w: World, name: str, mode: str, tracker: JobTracker) -> float:
+async def start_gang(
+    w: World, name: str, mode: str, tracker: JobTracker, hang_seconds: int | None = None
+) -> float:
     """Creates the gang and waits until every agent runs past the barrier of epoch 0."""
     t0 = time.monotonic()
-    await w.kube.create(GANGJOBS, gangjob(name, w.ns, w.n, mode), w.ns)
+    await w.kube.create(GANGJOBS, gangjob(name, w.ns, w.n, mode, hang_seconds), w.ns)
     progress = Progress(f"N={w.n} {mode} gang starting")
     n = w.n
     await milestones(

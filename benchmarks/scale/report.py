@@ -15,6 +15,9 @@ from benchmarks.scale.goals import RECREATE_OVER_IN_PLACE_MIN, verdicts
 from benchmarks.scale.peer import CONTROLLER_MANAGER_RATES, SCHEDULER_RATE, STEPS
 from benchmarks.scale.settings import (
     ANNOTATION_FLOOR_CONCURRENCY,
+    HANG,
+    HANG_SECONDS,
+    HANG_STEPS_PER_SECOND,
     IN_PLACE_RAISED,
     JOBSET,
     JOBSET_RAISED,
@@ -261,6 +264,16 @@ def report(settings: Settings, meta: dict[str, Any], results: list[dict[str, Any
         "The CPU of every process within the span is in each size's second table.",
         "",
     ]
+    if HANG in settings.modes:
+        parts += [
+            "hang = in a `Process` gang of N whose stand-in trainers report "
+            f"{HANG_STEPS_PER_SECOND:g} steps a second and `spec.progress.hangSeconds` = "
+            f"{HANG_SECONDS}, one trainer stops reporting and keeps running: its time runs "
+            "from that trainer's last step (`last-step`) to the barrier written, through its "
+            "agent's stall (`stalled`) and the epoch written. Detection = last step -> epoch, "
+            "restart = epoch -> barrier, printed beside hangSeconds under each size.",
+            "",
+        ]
     if peers:
         parts += [
             "JobSet = JobSet v0.12.0's failure-policy restart of the same gang (one replicated "
@@ -300,6 +313,7 @@ def report(settings: Settings, meta: dict[str, Any], results: list[dict[str, Any
             "",
             size_table(res, settings),
             "",
+            *hang_lines(res),
             "CPU seconds within the restart's span, by process (medians):",
             "",
             cpu_table(res, settings),
@@ -310,6 +324,20 @@ def report(settings: Settings, meta: dict[str, Any], results: list[dict[str, Any
             parts += ["Where JobSet's restart goes:", "", *peer_lines, ""]
     parts += ["## Goals (printed, not asserted)", "", goals_text(results, settings), ""]
     return "\n".join(parts)
+
+
+def hang_lines(res: dict[str, Any]) -> list[str]:
+    """The hang's detection and restart beside hangSeconds (none if it was not measured)."""
+    h = res.get("hang")
+    if not h:
+        return []
+    return [
+        f"Hang (hangSeconds {h['hang_seconds']}): detection (last step -> epoch) "
+        f"{fmt(h['detection_s'])} s, restart (epoch -> barrier) {fmt(h['restart_s'])} s "
+        f"(median / p90); the trigger named the hung worker as Hang in {h['named_hung']} of "
+        f"{h['reps']}.",
+        "",
+    ]
 
 
 def write_plot(path: Path, settings: Settings, results: list[dict[str, Any]]) -> Path | None:

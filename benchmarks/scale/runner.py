@@ -29,13 +29,21 @@ from benchmarks.scale.controlplane import controller_manager_qps
 from benchmarks.scale.floors import annotation_floor, floor
 from benchmarks.scale.observer import CtlSample, JobTracker
 from benchmarks.scale.report import report, report_data, size_table, write_results
-from benchmarks.scale.scenarios import Unfinished, in_place, node_lost, process, recreate
-from benchmarks.scale.settings import IN_PLACE_RAISED, JOBSET, JOBSET_RAISED, Settings
+from benchmarks.scale.scenarios import Unfinished, hang, in_place, node_lost, process, recreate
+from benchmarks.scale.settings import (
+    HANG,
+    HANG_SECONDS,
+    HANG_STEPS_PER_SECOND,
+    IN_PLACE_RAISED,
+    JOBSET,
+    JOBSET_RAISED,
+    Settings,
+)
 from benchmarks.scale.stats import summarize
 from controller.k8s import NAMESPACES, NODES, Kube, NotFound
 from localcluster.cluster import Cluster
 from localcluster.outofcluster import AddonProcess
-from localcluster.simkubelet import SimKubelet
+from localcluster.simkubelet import SimKubelet, SimProgress
 from localcluster.tools import ControllerProcess, controller_kubeconfig, install_crd
 
 
@@ -45,9 +53,11 @@ async def run_size(w: World) -> dict[str, Any]:
     print(f"N={w.n}: namespace {w.ns}", file=sys.stderr)
     await make_nodes(w)
     direct = w.ctl.arrival_url
+    # Trainers report, and agents follow them, only for the hang measurement.
+    progress = SimProgress(HANG_STEPS_PER_SECOND) if HANG in w.settings.modes else None
     w.sim = SimKubelet(
         w.api, w.ns, restart_delay=w.settings.restart_delay, arrival_url=direct,
-        start_delay=w.settings.start_delay,
+        start_delay=w.settings.start_delay, progress=progress,
     )  # fmt: skip
     sim_task = asyncio.create_task(w.sim.run())
     rows: list[dict[str, Any]] = []
@@ -57,11 +67,13 @@ async def run_size(w: World) -> dict[str, Any]:
         # their own, loads the cluster most (at N=5000 it can starve KWOK's node heartbeats),
         # and must not spoil the gangs measured after it.
         gangs: list[tuple[str, str]] = []
+        if HANG in w.settings.modes:
+            gangs.append(("hg", HANG))
         if "process" in w.settings.modes:
             gangs.append(("pr", "Process"))
         if "recreate" in w.settings.modes:
             gangs.append(("rc", "Recreate"))
-        if set(w.settings.modes) - {"process", "recreate"}:
+        if set(w.settings.modes) - {"process", "recreate", HANG}:
             gangs.append(("ip", "Pod"))
         for gang, mode in gangs:
             await run_gang(
@@ -97,9 +109,11 @@ async def run_gang(
     to `startup[name]`. A repetition that overran ends the gang's measurements."""
     tracker = JobTracker(w.kube, w.ns, gang)
     track_task = asyncio.create_task(tracker.run())
+    # The hang gang: `Process` mode with `spec.progress.hangSeconds`.
+    mode, hang_seconds = ("Process", HANG_SECONDS) if mode == HANG else (mode, None)
     try:
         cpu0 = CtlSample.take(w.ctl)
-        startup[name] = round(await start_gang(w, gang, mode, tracker), 2)
+        startup[name] = round(await start_gang(w, gang, mode, tracker, hang_seconds), 2)
         reqs = CtlSample.take(w.ctl).since(cpu0)["requests"].get("all", 0)
         print(f"  N={w.n} {name} gang running in {startup[name]:.1f}s "
               f"({reqs} controller API requests)", file=sys.stderr)  # fmt: skip
@@ -169,6 +183,9 @@ async def measure_gang(
                 rows.append(await in_place(w, tracker, rep, gang, "in-place-annotation"))
         finally:
             w.s.arrival_url = direct  # for the next gang, even after an overrun
+    elif mode == HANG:
+        for rep in range(reps):
+            rows.append(await hang(w, tracker, rep, HANG_SECONDS))
     elif mode == "Process":
         for rep in range(reps):
             rows.append(await process(w, tracker, rep))

@@ -1,8 +1,9 @@
 """The restarts a scale run measures on a running gang, each from its injected failure to every
 worker past the barrier of the new epoch: in-place (a trainer exits 1), process (the same exit
 in a `Process` gang, whose agents restart their trainers themselves), node-lost (a worker's
-node dies) and recreate (the same exit in a `Recreate` gang); and what one repetition records,
-finished or not."""
+node dies) and recreate (the same exit in a `Recreate` gang); hang (in a `Process` gang whose
+trainers report progress, one trainer stops reporting and keeps running), from its last step;
+and what one repetition records, finished or not."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from benchmarks.scale.observer import (
     written_after,
 )
 from controller.k8s import JsonDict
+from localcluster.simkubelet import SimTrainer
 
 
 class Unfinished(Exception):
@@ -257,6 +259,64 @@ async def process(w: World, tracker: JobTracker, rep: int) -> dict[str, Any]:
         # In place: no pod of the gang replaced.
         "pods_replaced": sum(1 for name, p in w.s.pods.items() if uids.get(name) != uid(p)),
     }
+    await steady(w, tracker, e1)
+    return row
+
+
+LAST_STEP_TO_BARRIER = between("last-step", "barrier")
+"""A hang: from the hung trainer's last step to the barrier of the new epoch written."""
+
+
+async def hang(w: World, tracker: JobTracker, rep: int, hang_seconds: float) -> dict[str, Any]:
+    """In a `Process` gang whose trainers report steps: one worker's trainer stops reporting
+    and keeps running; its agent tells the stall `hangSeconds` after it saw the last step, the
+    controller restarts the gang in place as `Hang`. Detection is the last step to the epoch
+    written, restart the epoch to the barrier."""
+    epoch = int(tracker.status.get("epoch", 0))
+    e1, n = epoch + 1, w.n
+    names = sorted(w.s.workers, key=lambda s: int(s.rsplit("-", 1)[1]))
+    victim = names[(rep * 7919 + 1) % len(names)]
+    agent = w.s.workers[victim].agent
+    assert agent is not None, victim
+    monitor = agent.progress
+    assert monitor is not None, victim
+    stalls = monitor.stalls
+    hung: list[SimTrainer] = []
+
+    async def inject() -> None:
+        hung.append(w.s.hang(victim))
+
+    checks: dict[str, Check] = {
+        "last-step": lambda: hung[0].reported_at if hung else None,
+        "stalled": polled(lambda: monitor.stalls > stalls),
+        "epoch": lambda: tracker.epoch_at.get(e1),
+        "arrived": polled(lambda: agents_at(w.s, e1, opened=False) == n),
+        "barrier": lambda: tracker.barrier_at.get(e1),
+        "open": polled(lambda: agents_at(w.s, e1, opened=True) == n),
+    }
+    row = await measure_restart(
+        w, tracker, "hang", rep, inject, checks,
+        ["last-step", "stalled", "epoch", "arrived", "barrier", "open"],
+        w.timeout(0.2) + hang_seconds,
+        lambda: f"stalled {monitor.stalls > stalls}, epoch {tracker.status.get('epoch')}, "
+        f"{agents_at(w.s, e1, opened=False)}/{n} arrived",
+        LAST_STEP_TO_BARRIER,
+    )  # fmt: skip
+    steps = row["steps"]
+    trigger = (tracker.status.get("lastRestart") or {}).get("trigger") or {}
+    row |= {
+        "worker": victim,
+        "hang_seconds": hang_seconds,
+        "detection_s": round(steps["last-step->stalled"] + steps["stalled->epoch"], 3),
+        "restart_s": round(steps["epoch->arrived"] + steps["arrived->barrier"], 3),
+        "named_worker": trigger.get("worker"),
+    }
+    print(
+        f"  N={w.n} hang #{rep + 1}: detection {row['detection_s']:.2f}s (last step -> epoch), "
+        f"restart {row['restart_s']:.2f}s (epoch -> barrier), hangSeconds {hang_seconds:g}; "
+        f"trigger {row['trigger']} of worker {row['named_worker']} (hung: {victim})",
+        file=sys.stderr,
+    )
     await steady(w, tracker, e1)
     return row
 

@@ -12,6 +12,15 @@ MODES = (
     "annotation-floor",
 )  # fmt: skip
 """Every measurement of GangJob, in the order the report lists them."""
+HANG = "hang"
+"""Hang detection and restart in a `Process` gang whose trainers report progress: taken only
+when `--modes` names it (its trainers' reports and its agents' polls load the simulation)."""
+HANG_SECONDS = 10
+"""`spec.progress.hangSeconds` of the hang gang."""
+HANG_STEPS_PER_SECOND = 2.0
+"""How fast the hang gang's stand-in trainers report steps."""
+SELECTABLE_MODES = (*MODES, HANG)
+"""What `--modes` may name."""
 PEERS = ("jobset",)
 """Peers `--peers` can measure beside GangJob in the same run."""
 JOBSET, JOBSET_RAISED = "jobset", "jobset-raised"
@@ -20,7 +29,7 @@ JOBSET, JOBSET_RAISED = "jobset", "jobset-raised"
 PEER_MODES = (JOBSET, JOBSET_RAISED)
 IN_PLACE_RAISED = "in-place-raised"
 """GangJob's in-place restart on the controller-manager of `JOBSET_RAISED`, beside it."""
-REPORTED_MODES = (*MODES, JOBSET, IN_PLACE_RAISED, JOBSET_RAISED)
+REPORTED_MODES = (*MODES, HANG, JOBSET, IN_PLACE_RAISED, JOBSET_RAISED)
 """Every row a report can hold, in its order."""
 PEER_QPS = 500
 """The controller-manager's raised client QPS for `JOBSET_RAISED` (burst twice that)."""

@@ -11,7 +11,14 @@ from collections.abc import Iterable
 from typing import Any
 
 from benchmarks.scale.cluster import World
-from benchmarks.scale.settings import IN_PLACE_RAISED, JOBSET, JOBSET_RAISED, REPORTED_MODES
+from benchmarks.scale.settings import (
+    HANG,
+    HANG_SECONDS,
+    IN_PLACE_RAISED,
+    JOBSET,
+    JOBSET_RAISED,
+    REPORTED_MODES,
+)
 
 
 def p90(values: list[float]) -> float:
@@ -85,10 +92,23 @@ def summarize(w: World, rows: list[dict[str, Any]], startup: dict[str, float]) -
     above_floor = (
         round(to_open["median"] / fl["median"], 2) if to_open and fl and fl["median"] else None
     )
+    hangs = [r for r in rows if r["mode"] == HANG and not r.get("unfinished")]
+    hang = {
+        "hang_seconds": HANG_SECONDS,
+        "detection_s": _stat(r["detection_s"] for r in hangs),
+        "restart_s": _stat(r["restart_s"] for r in hangs),
+        # The trigger named the hung worker (its pod `<job>-<rank>`) as class Hang.
+        "named_hung": sum(
+            r["trigger"] == "Hang" and str(r["named_worker"]) == r["worker"].rsplit("-", 1)[1]
+            for r in hangs
+        ),
+        "reps": len(hangs),
+    }
     return {
         "workers": w.n,
         "startup_s": startup,
         "modes": modes,
+        "hang": hang if hangs else None,
         "recreate_over_in_place": over("recreate", "in-place"),
         "recreate_over_in_place_annotation": over("recreate", "in-place-annotation"),
         "process_over_in_place": over("process", "in-place"),

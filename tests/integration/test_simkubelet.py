@@ -391,26 +391,32 @@ class World:
         await self.sim.wait(ok, 30)
 
 
-@pytest.fixture
-async def world(
-    sim_cluster: Cluster, sim_kube: Kube, namespace: str, tmp_path: Path
+@contextlib.asynccontextmanager
+async def _world(
+    cluster: Cluster,
+    kube: Kube,
+    namespace: str,
+    tmp_path: Path,
+    progress: simkubelet.SimProgress | None = None,
 ) -> AsyncIterator[World]:
-    await install_crd(sim_kube)
+    await install_crd(kube)
     nodes = [f"{namespace[:40]}-n{i}" for i in range(2)]
     for name in nodes:
         node = kwok_node(name, Options(gpus_per_node=2))
         node["metadata"]["labels"]["gangjob-test"] = namespace
-        await sim_kube.create(NODES, node)
-    api = _api(sim_cluster)
+        await kube.create(NODES, node)
+    api = _api(cluster)
     ctl = ControllerProcess(
-        controller_kubeconfig(sim_cluster), [f"--namespace={namespace}"], tmp_path / "ctl.log",
+        controller_kubeconfig(cluster), [f"--namespace={namespace}"], tmp_path / "ctl.log",
         arrivals=True,
     )  # fmt: skip
-    sim = SimKubelet(api, namespace, restart_delay=RESTART_DELAY, arrival_url=ctl.arrival_url)
+    sim = SimKubelet(
+        api, namespace, restart_delay=RESTART_DELAY, arrival_url=ctl.arrival_url, progress=progress
+    )
     sim_task = asyncio.create_task(sim.run())
     ctl.start()
     try:
-        yield World(sim_kube, namespace, sim, ctl)
+        yield World(kube, namespace, sim, ctl)
     finally:
         ctl.stop()
         print(ctl.logs()[-4000:])
@@ -421,7 +427,25 @@ async def world(
         await api.close()
         for name in nodes:
             with contextlib.suppress(NotFound):
-                await sim_kube.delete(NODES, name)
+                await kube.delete(NODES, name)
+
+
+@pytest.fixture
+async def world(
+    sim_cluster: Cluster, sim_kube: Kube, namespace: str, tmp_path: Path
+) -> AsyncIterator[World]:
+    async with _world(sim_cluster, sim_kube, namespace, tmp_path) as w:
+        yield w
+
+
+@pytest.fixture
+async def reporting_world(
+    sim_cluster: Cluster, sim_kube: Kube, namespace: str, tmp_path: Path
+) -> AsyncIterator[World]:
+    """The stand-in trainers report 4 steps a second, a checkpoint every 8."""
+    progress = simkubelet.SimProgress(steps_per_second=4.0, checkpoint_every=8)
+    async with _world(sim_cluster, sim_kube, namespace, tmp_path, progress) as w:
+        yield w
 
 
 async def test_with_every_status_write_held_back_a_gang_still_restarts_in_place(
@@ -504,3 +528,34 @@ async def test_process_mode_a_trainer_done_ends_its_container_and_pod(world: Wor
         trainer = next(c for c in pod["status"]["containerStatuses"] if c["name"] == "trainer")
         assert trainer["state"]["terminated"]["exitCode"] == 0
     assert job["status"]["epoch"] == 0
+
+
+async def test_a_stand_in_trainer_that_stops_reporting_restarts_its_gang_as_a_hang(
+    reporting_world: World,
+) -> None:
+    world = reporting_world
+    await world.create("hung", 3, restart={"mode": "Process"}, progress={"hangSeconds": 5})
+    await world.barrier_open("hung", 0, 3)
+    names = [f"hung-{r}" for r in range(3)]
+    await world.agents_at(0, names)
+
+    def reported(sim: SimKubelet) -> bool:
+        runs = [sim.workers[n].trainer for n in names]
+        return all(r is not None and r.step is not None and r.step >= 1 for r in runs)
+
+    await world.sim.wait(reported, 30)
+    hung = world.sim.hang("hung-1")  # alive, no step any more: only its agent can tell
+
+    # The agent reports the stall, the controller restarts the gang in place and names rank 1.
+    job = await world.barrier_open("hung", 1, 3)
+    await world.agents_at(1, names)
+    trigger = job["status"]["lastRestart"]["trigger"]
+    assert (trigger["class"], trigger["worker"]) == ("Hang", 1)
+    assert hung.code == simkubelet.STOPPED_EXIT_CODE  # stopped by the restart, never exited
+    agents = [world.sim.workers[n].agent for n in names]
+    assert [a.progress.stalls if a and a.progress else None for a in agents] == [0, 1, 0]
+    # The new runs report again: the steps of epoch 1 start from 0.
+    await world.sim.wait(
+        lambda sim: all((r := sim.workers[n].trainer) is not None and r.epoch == 1
+                        and r.step is not None for n in names), 30,
+    )  # fmt: skip

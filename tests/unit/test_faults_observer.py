@@ -293,10 +293,68 @@ def test_two_events_for_one_restart_or_a_repeated_history_are_flagged() -> None:
     assert flagged(c2) == ["restart-once"]
 
 
+# -- hang --------------------------------------------------------------------------------------
+
+
+HUNG_AT = 100.0
+"""The hung trainer's last step (the campaign's monotonic clock)."""
+
+
+def _restarted(c: Checker, at: float, cls: str, worker: int | None) -> None:
+    """The gang, at epoch 1, restarted to epoch 2 for `cls` of `worker`, seen at `at`."""
+    c.job(HUNG_AT - 5, "a", job(epoch=1, barrierEpoch=1))
+    trigger = {"class": cls, "worker": worker, "detail": "step 40 unchanged for 10s"}
+    last = {"epoch": 2, "counted": True, "trigger": trigger}
+    c.job(at, "a", job(epoch=2, barrierEpoch=1, lastRestart=last))
+    c.job(at + 1, "a", job(epoch=2, barrierEpoch=2, lastRestart=last))
+
+
+def _hung(c: Checker, worker: int = 1) -> None:
+    hung = {"a": (worker, HUNG_AT)}
+    after = outcome(running(1, 1, 1), running(2, 2, 2), crashes={"a": 1}, hung=hung)
+    c.fault_done(HUNG_AT + 20, after)
+
+
+def test_a_hang_restarting_its_gang_naming_the_hung_worker_within_the_bound_passes() -> None:
+    c = Checker(terminating_bound=60.0, recovery_bound=120.0, hang_bound=15.0)
+    _restarted(c, HUNG_AT + 12.0, "Hang", 1)
+    _hung(c)
+    assert flagged(c) == []
+
+
+@pytest.mark.parametrize(
+    ("cls", "worker"), [("Hang", 0), ("Hang", None), ("ProcessExit", 1), ("OOMKilled", 1)]
+)
+def test_a_hang_restart_naming_another_worker_or_class_is_flagged(
+    cls: str, worker: int | None
+) -> None:
+    c = Checker(terminating_bound=60.0, recovery_bound=120.0, hang_bound=15.0)
+    _restarted(c, HUNG_AT + 12.0, cls, worker)
+    _hung(c)
+    assert flagged(c) == ["hang"]
+    assert f"{cls} of worker {worker}; want Hang of worker 1" in c.violations[0].detail
+
+
+def test_a_hang_restart_later_than_the_bound_is_flagged() -> None:
+    c = Checker(terminating_bound=60.0, recovery_bound=120.0, hang_bound=15.0)
+    _restarted(c, HUNG_AT + 16.0, "Hang", 1)
+    _hung(c)
+    assert flagged(c) == ["hang"]
+    assert "16.0s after worker 1's last step; bound 15s" in c.violations[0].detail
+
+
+def test_a_hang_that_never_restarted_the_gang_is_flagged() -> None:
+    c = Checker(terminating_bound=60.0, recovery_bound=120.0, hang_bound=15.0)
+    c.job(HUNG_AT - 5, "a", job(epoch=1, barrierEpoch=1))
+    c.fault_done(HUNG_AT + 130, outcome(running(1, 1, 1), running(1, 1, 1), recovered=False,
+                                        crashes={"a": 1}, hung={"a": (1, HUNG_AT)}))  # fmt: skip
+    assert "hang" in flagged(c)
+
+
 def test_every_invariant_has_a_test_that_flags_it() -> None:
     tested = {
         "duplicate-rank", "stale-epoch", "end-state", "budget", "lost-record", "terminating",
-        "restart-once",
+        "restart-once", "hang",
     }  # fmt: skip
     assert set(INVARIANTS) == tested
 
@@ -307,7 +365,7 @@ def test_every_invariant_has_a_test_that_flags_it() -> None:
 def test_the_schedule_is_the_seeds_and_covers_every_kind_evenly() -> None:
     assert schedule(7, 120) == schedule(7, 120)
     assert schedule(7, 120) != schedule(8, 120)
-    full = schedule(1, 120)
-    assert {k: full.count(k) for k in KINDS} == dict.fromkeys(KINDS, 120 // len(KINDS))
+    full = schedule(1, 8 * len(KINDS))
+    assert {k: full.count(k) for k in KINDS} == dict.fromkeys(KINDS, 8)
     short = schedule(1, 10)
     assert len(short) == len(set(short)) == 10
