@@ -48,6 +48,7 @@ sys.path.insert(0, os.path.join(os.environ["GANGJOB_DIR"], "python"))
 import gangjob_progress
 
 rank, epoch = int(os.environ["RANK"]), int(os.environ["GANGJOB_EPOCH"])
+world = int(os.environ["WORLD_SIZE"])
 steps, every, pace = int(os.environ["STEPS"]), int(os.environ["EVERY"]), float(os.environ["PACE"])
 # Between two checkpoints, so that each restart loses steps.
 crash_at, hang_at = steps // 4 + every // 2, steps // 2 + every // 3
@@ -58,14 +59,34 @@ def log(**fields):
     print(json.dumps({"t": time.time(), "epoch": epoch, "rank": rank, **fields}), flush=True)
 
 
+def done(step):
+    with open(f"/ckpt/e{epoch}-rank{rank}.tmp", "w") as f:
+        f.write(str(step))
+    os.replace(f"/ckpt/e{epoch}-rank{rank}.tmp", f"/ckpt/e{epoch}-rank{rank}")
+
+
+def after_peers(step):
+    # A synchronous gang: no rank starts a step before every rank has finished the one before
+    # (the all-reduce), so a hung rank holds every other one, as it does in DDP.
+    while True:
+        try:
+            if min(int(open(f"/ckpt/e{epoch}-rank{r}").read()) for r in range(world)) >= step:
+                return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.01)
+
+
 try:
     start = int(open(path).read())
 except (OSError, ValueError):
     start = 0
 log(event="start", step=start)
+done(start)
 began, step = time.time(), start
 while step < steps:
-    # Steps on a common grid from the epoch's start, as a synchronous gang keeps them.
+    after_peers(step)
+    # Steps on a common grid from the epoch's start.
     time.sleep(max(0.0, began + (step + 1 - start) * pace - time.time()))
     step += 1
     if rank == 0 and step % every == 0:
@@ -74,6 +95,7 @@ while step < steps:
         os.replace(path + ".tmp", path)
     gangjob_progress.step(step, checkpoint=step // every * every)
     log(event="step", step=step)
+    done(step)
     if epoch == 0 and rank == 1 and step == crash_at:
         log(event="crash")
         sys.exit(1)
