@@ -246,6 +246,7 @@ class Tracker:
         self.stalled_since: float | None = None
         """The last change of the step, while the worker is stalled."""
         self._window: tuple[float, int] | None = None
+        self._rate: float | None = None
 
     def observe(self, now: float, reading: Reading | None, malformed: int = 0) -> None:
         self.malformed = malformed
@@ -275,14 +276,18 @@ class Tracker:
         return True
 
     def summary(self, now: float) -> Summary | None:
-        """The progress so far (None before the first report); the rate is over the time since
-        the last summary `sent` (or the first report)."""
+        """The progress so far (None before the first report); the rate is the trainer's while
+        it stepped: from the last summary `sent` (or the first report) to the step's last
+        change, or the last such rate if it has not stepped since. A stall's summary thus
+        carries the rate before it, which the controller prices the steps it lost at."""
         reading, changed_at = self.reading, self.changed_at
         if reading is None or changed_at is None:
             return None
-        rate: float | None = None
-        if self._window is not None and now > self._window[0]:
-            rate = max(0, reading.step - self._window[1]) / (now - self._window[0])
+        rate = self._rate
+        if self._window is not None and changed_at > self._window[0]:
+            stepped = reading.step - self._window[1]
+            if stepped > 0:
+                rate = self._rate = stepped / (changed_at - self._window[0])
         return Summary(
             step=reading.step,
             checkpoint=reading.checkpoint,

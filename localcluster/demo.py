@@ -214,17 +214,17 @@ class Demo:
         return time.time()
 
     def stacks(self, rank: int) -> None:
-        """What the agent of `rank` collected when it found its trainer stalled."""
+        """What the agent of `rank` collected when it found its trainer stalled: in the log of
+        its run before the restart (Pod mode restarted the agent's container too)."""
+        command = ["-n", NAMESPACE, "logs", f"{self.name}-{rank}", "-c", AGENT_CONTAINER]
         try:
-            log = kubectl(
-                self.cluster, "-n", NAMESPACE, "logs", f"{self.name}-{rank}",
-                "-c", AGENT_CONTAINER, "--previous", timeout=10,
-            )  # fmt: skip
-        except RuntimeError:
+            lines = kubectl(self.cluster, *command, "--previous", timeout=10).splitlines()
+        except RuntimeError as e:
+            say(f"{self.elapsed()}   (rank {rank}'s agent log before the restart: {e})")
             return
-        lines = log.splitlines()
         start = next((i for i, ln in enumerate(lines) if "stacks of the stalled" in ln), None)
         if start is None:
+            say(f"{self.elapsed()}   rank {rank}'s agent found no stall before the restart")
             return
         say(f"{self.elapsed()}   the stacks rank {rank}'s agent collected (its log):")
         for line in lines[start : start + 14]:

@@ -196,7 +196,7 @@ def test_no_stall_while_the_trainer_does_not_run_or_without_hang_seconds() -> No
         assert stalled_at(quiet, [1e9]) == []
 
 
-def test_the_rate_is_over_the_time_since_the_last_summary_sent() -> None:
+def test_the_rate_is_the_trainers_while_it_stepped_since_the_last_summary_sent() -> None:
     tracker = Tracker(HANG)
     tracker.observe(10.0, Reading(100))
     first = tracker.summary(10.0)
@@ -210,5 +210,11 @@ def test_the_rate_is_over_the_time_since_the_last_summary_sent() -> None:
     tracker.observe(30.0, Reading(170))
     summary = tracker.summary(40.0)
     assert summary is not None
-    assert summary.steps_per_second == 1.0
+    # 20 steps from the summary to the step's last change: the 10 s since, idle, are not the
+    # rate at which it trains (a stall's summary prices the lost steps at it).
+    assert summary.steps_per_second == 2.0
     assert summary.same(tracker.summary(50.0))  # only the time-dependent figures moved
+    tracker.sent(40.0, 170)
+    stalled = tracker.summary(80.0)
+    assert stalled is not None
+    assert stalled.steps_per_second == 2.0  # no step since: the rate before it
