@@ -11,6 +11,7 @@ import contextlib
 import datetime
 import json
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -155,3 +156,41 @@ async def test_ddp_resumes_from_its_checkpoint_after_a_trainer_is_killed(
         f"{mode} mode: killed pid {pid} at {killed_at:%H:%M:%S.%f}; first step at epoch 1 "
         f"{seconds:.2f}s later; restart durationSeconds {last['durationSeconds']}"
     )
+
+
+async def test_a_stopped_rank_of_the_ddp_sample_is_the_hang_not_the_rank_waiting_for_it(
+    node_kube: Kube,
+    node_namespace: str,
+    node_cluster: Cluster,
+    controller: ControllerProcess,
+    trainer_image: str,
+    tmp_path: Path,
+) -> None:
+    # Rank 1 is stopped (SIGSTOP, as a wedged device leaves a process): both ranks stop
+    # stepping together, rank 0 waiting in the all-reduce; the sample shares its pod's process
+    # namespace, so the agent tells the stopped trainer from the waiting one.
+    ns, name = node_namespace, "ddp"
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    job = sample_job(name, "Pod", checkpoints, trainer_image)
+    hang_seconds = job["spec"]["progress"]["hangSeconds"]
+    settings = {"TRAIN_STEPS": 1000, "CHECKPOINT_EVERY": EVERY, "STEP_SECONDS": 0.2}
+    job["spec"]["template"]["spec"]["containers"][0]["env"] = [
+        {"name": k, "value": str(v)} for k, v in settings.items()
+    ]
+    await node_kube.create(GANGJOBS, job, ns)
+    await wait_for_checkpoint(checkpoints / name, KILL_AFTER_STEP, timeout=180)
+    pods = {p["metadata"]["name"]: p for p in await gang_pods(node_kube, ns, name)}
+    await asyncio.to_thread(kill_trainer, node_cluster, pods[f"{name}-1"], sig=signal.SIGSTOP)
+    job = await watch_job(
+        node_kube, ns, name,
+        lambda j: j.get("status", {}).get("barrierEpoch") == 1,
+        timeout=hang_seconds + 90, what="restarted at epoch 1",
+    )  # fmt: skip
+    last = job["status"]["lastRestart"]
+    assert last["trigger"]["class"] == "Hang", last
+    assert last["trigger"]["worker"] == 1, last
+    assert "its trainer is stopped" in last["trigger"]["detail"], last
+    assert last["recreated"] == []
+    assert last["lostSteps"] is not None, last
+    assert last["lostSteps"] < EVERY + 2, last  # since the last checkpoint, at most
