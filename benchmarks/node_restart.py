@@ -177,10 +177,22 @@ async def run_mode(
     progress = Progress(f"{mode} mode")
     job = await kube.get(GANGJOBS, name, ns)
     finished: dict[int, JsonDict] = {}
+    hung_logs: list[str] = []
+    seen_barrier = [0]
 
     def done(job: JsonDict) -> bool:
         record_restarts(job, finished)
         st = job.get("status", {})
+        barrier = st.get("barrierEpoch") or 0
+        if mode == "Pod-hang" and barrier > seen_barrier[0]:
+            # A whole-pod restart replaces the trainer's container, and its log with it: the run
+            # that hung is the previous one of rank 1's trainer, until the next restart.
+            seen_barrier[0] = barrier
+            with contextlib.suppress(RuntimeError):
+                hung_logs.append(
+                    kubectl(cluster, "-n", ns, "logs", "--previous", "--timestamps",
+                            f"{name}-1", "-c", "trainer", timeout=10)
+                )  # fmt: skip
         if st.get("phase") == "Failed":
             raise RuntimeError(f"{mode}: job failed: {st.get('conditions')}")
         progress.tick(f"epoch {st.get('epoch', 0)}/{restarts}")
@@ -199,7 +211,7 @@ async def run_mode(
     wall = time.monotonic() - t0
     logs = keep_logs(cluster, ns, [f"{name}-{rank}" for rank in range(workers)])
     stops = [stop for log in logs if mode == "Process" for stop in trainer_stops(log)]
-    onsets = {epoch: at for log in logs for epoch, at in hang_onsets(log).items()}
+    onsets = {epoch: at for log in [*logs, *hung_logs] for epoch, at in hang_onsets(log).items()}
     # Restart to epoch E+1 detected the hang that began at epoch E.
     detections = [
         (_stamp(finished[e]["detectedAt"]) - onsets[e - 1]).total_seconds()
