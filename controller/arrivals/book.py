@@ -246,8 +246,11 @@ class ArrivalBook:
             del self._progress[held_job][pod]
         self._progress.setdefault(job, {})[pod] = progress
         self._progress_job[key] = job
-        was_stalled = held is not None and held.uid == progress.uid and held.stalled_since
-        return bool(was_stalled) != (progress.stalled_since is not None)
+        # A stall of an earlier epoch (or of another pod of the name) is no stall of this run:
+        # the same worker hanging again at the next epoch is news.
+        same_run = held is not None and (held.uid, held.epoch) == (progress.uid, progress.epoch)
+        was_stalled = same_run and held is not None and held.stalled_since is not None
+        return was_stalled != (progress.stalled_since is not None)
 
     def progress(self, namespace: str, pod: str) -> ProgressReport | None:
         """The pod's latest progress, if its agent sent any."""

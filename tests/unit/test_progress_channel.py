@@ -288,6 +288,9 @@ def test_the_book_keeps_each_workers_latest_progress() -> None:
     assert book.record_progress(job, "train-0", progress(epoch=0, step=99)) is False
     assert book.progress(NS, "train-0") == progress(step=7)
     assert book.record_progress(job, "train-0", progress(epoch=2, step=1, stalled=True)) is True
+    # The same worker hanging again at the next epoch, its first word there a stall: news too
+    # (the pass that restarts the gang waits for it).
+    assert book.record_progress(job, "train-0", progress(epoch=3, step=1, stalled=True)) is True
     # A deleted pod's progress goes with it, and not another pod's of its name.
     book.forget(NS, "train-0", "another-uid")
     assert book.progress(NS, "train-0") is not None
