@@ -213,6 +213,8 @@ class Agent:
     async def run(self) -> int:
         """Runs the protocol; returns the exit code for the pod's process."""
         self._stop_task = asyncio.create_task(self._stop.wait())
+        if self.progress is not None:
+            self.progress.replay_stacks()
         if not self._direct:
             self._ensure_watching()
         try:

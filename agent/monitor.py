@@ -206,6 +206,19 @@ class ProgressMonitor:
         self._collecting: asyncio.Task[None] | None = None
         self._seen_alive: set[int] = set()
 
+    def replay_stacks(self) -> None:
+        """Logs the stacks an earlier run of this agent collected and has not logged since: a
+        whole-pod restart (`Pod` mode) replaces the agent's container, and its log goes with it,
+        while the agent's directory stays. Then the file is kept as `stacks.logged`."""
+        path = self.config.dir / STACKS_FILE
+        try:
+            text = path.read_text(errors="replace")
+            os.replace(path, path.with_name(f"{STACKS_FILE}.logged"))
+        except OSError:
+            return
+        tail = text if len(text) <= STACKS_LOG_BYTES else text[:STACKS_LOG_BYTES] + "...\n"
+        self.log.warning("stacks collected at the last stall, before this restart:\n%s", tail)
+
     def prepare(self) -> None:
         """An empty progress directory and the helper, before the epoch's trainer starts: what
         a trainer of an earlier epoch wrote says nothing of this one."""

@@ -214,15 +214,15 @@ class Demo:
         return time.time()
 
     def stacks(self, rank: int) -> None:
-        """What the agent of `rank` collected when it found its trainer stalled: in the log of
-        its run before the restart (Pod mode restarted the agent's container too)."""
+        """What the agent of `rank` collected when it found its trainer stalled: the agent
+        that came back after the whole-pod restart logs it again."""
         command = ["-n", NAMESPACE, "logs", f"{self.name}-{rank}", "-c", AGENT_CONTAINER]
         try:
-            lines = kubectl(self.cluster, *command, "--previous", timeout=10).splitlines()
+            lines = kubectl(self.cluster, *command, timeout=10).splitlines()
         except RuntimeError as e:
-            say(f"{self.elapsed()}   (rank {rank}'s agent log before the restart: {e})")
+            say(f"{self.elapsed()}   (rank {rank}'s agent log: {e})")
             return
-        start = next((i for i, ln in enumerate(lines) if "stacks of the stalled" in ln), None)
+        start = next((i for i, ln in enumerate(lines) if "stacks collected at" in ln), None)
         if start is None:
             say(f"{self.elapsed()}   rank {rank}'s agent found no stall before the restart")
             return

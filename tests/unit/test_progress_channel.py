@@ -386,3 +386,19 @@ async def test_a_sidecar_follows_the_trainer_it_cannot_see_from_the_barrier_on(
         fake.set_status(epoch=2)
         assert await asyncio.wait_for(task, DEADLINE) == RESTART_EXIT_CODE
     assert "no trainer process to ask for stacks" in (config.dir / STACKS_FILE).read_text()
+
+
+def test_a_restarted_agent_logs_the_stacks_its_last_run_collected(
+    tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A whole-pod restart replaces the agent's container and its log; the directory stays.
+    run = Run(tmp_path)
+    (run.config.dir / STACKS_FILE).write_text("== pid 7 (state T): stopped\n")
+    with caplog.at_level(logging.WARNING):
+        run.monitor.replay_stacks()
+    assert "stacks collected at the last stall" in caplog.text
+    assert "== pid 7 (state T): stopped" in caplog.text
+    assert not (run.config.dir / STACKS_FILE).exists()
+    caplog.clear()
+    run.monitor.replay_stacks()  # once: the next restart logs nothing again
+    assert caplog.text == ""
