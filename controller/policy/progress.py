@@ -56,6 +56,15 @@ def gang_progress(
     gang's: the step it can resume from, docs/api.md "Progress"; a worker that died just after
     one may not have said so); with `at`, the steps as they were then (`step_at`)."""
     steps = [s for s in (step_at(w, at) for w in found) if s is not None]
+    if at is not None:
+        # At a failure, a worker still stepping whose step cannot be carried on (no rate yet)
+        # is only a lower bound, summaries being up to 30 s old: the others' tell the step.
+        known = [
+            s
+            for w in found
+            if (w.stalled or w.steps_per_second) and (s := step_at(w, at)) is not None
+        ]
+        steps = known or steps
     if not steps:
         return None
     rates = [w.steps_per_second for w in found if w.steps_per_second is not None]

@@ -19,16 +19,18 @@ pytestmark = pytest.mark.e2e
 
 HANG_SECONDS = 5
 
-# Every trainer reports a step a second with its checkpoint (every 3 steps), as a shell loop
-# can: rank 1 stops reporting after step 5 at epoch 0 but stays alive (as a wedged device leaves
-# a trainer), rank 2 never reports at all, and rank 0 writes one malformed line each epoch.
+# Every trainer reports a step a second, as a shell loop can, and the gang's one checkpoint, of
+# step 3, once there (a checkpoint is the gang's: the step it resumes from): rank 1 stops
+# reporting after step 5 at epoch 0 but stays alive (as a wedged device leaves a trainer),
+# rank 2 never reports at all, and rank 0 writes one malformed line each epoch.
 TRAINER = r"""
 trap 'exit 0' TERM
 epoch=${GANGJOB_EPOCH:-$(cat "$GANGJOB_DIR/epoch")}
 i=0
 while :; do
   i=$((i+1))
-  line="step=$i checkpoint=$((i / 3 * 3))"
+  line="step=$i"
+  if [ "$i" -ge 3 ]; then line="$line checkpoint=3"; fi
   case "$RANK:$epoch" in
     2:*) ;;
     1:0) if [ "$i" -le 5 ]; then echo "$line" > "$GANGJOB_PROGRESS"; fi ;;

@@ -12,7 +12,7 @@ import pytest
 
 from api.v1alpha1 import BadputSeconds, GangJobStatus, ProgressStatus
 from controller.policy.plan import Observed, plan
-from controller.policy.progress import PROGRESS_WRITE_SECONDS, step_at
+from controller.policy.progress import PROGRESS_WRITE_SECONDS, gang_progress, step_at
 from controller.policy.views import WorkerProgress
 from tests.unit.builders import T0
 from tests.unit.gangs import GANG_NOW, carry_out, crashed, gang, record, running_status, worker
@@ -124,3 +124,15 @@ def test_a_workers_step_at_the_failure_runs_on_at_its_rate_since_its_last_summar
     assert step_at(stalled, GANG_NOW) == 100  # a stall is exact
     first = dataclasses.replace(stepping, steps_per_second=None)
     assert step_at(first, GANG_NOW) == 100  # no rate yet: as reported
+
+
+def test_at_a_failure_a_stale_step_without_a_rate_is_no_bound_on_the_gang() -> None:
+    at = GANG_NOW - timedelta(seconds=5)
+    hung = WorkerProgress(epoch=0, step=5, last_step_at=at, stalled=True)
+    stale = WorkerProgress(epoch=0, step=3, last_step_at=at - timedelta(seconds=2))
+    progress = gang_progress([hung, stale], GANG_NOW, at=at)
+    assert progress is not None
+    assert progress.step == 5  # not the stale 3, the first summary of a worker still stepping
+    alone = gang_progress([stale], GANG_NOW, at=at)
+    assert alone is not None
+    assert alone.step == 3  # alone, it is all there is to say
