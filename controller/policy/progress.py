@@ -55,16 +55,12 @@ def gang_progress(
     the median step rate, and the latest checkpoint a worker reported (a checkpoint is the
     gang's: the step it can resume from, docs/api.md "Progress"; a worker that died just after
     one may not have said so); with `at`, the steps as they were then (`step_at`)."""
-    steps = [s for s in (step_at(w, at) for w in found) if s is not None]
+    stepped = [(w, s) for w in found if (s := step_at(w, at)) is not None]
+    steps = [s for _, s in stepped]
     if at is not None:
         # At a failure, a worker still stepping whose step cannot be carried on (no rate yet)
         # is only a lower bound, summaries being up to 30 s old: the others' tell the step.
-        known = [
-            s
-            for w in found
-            if (w.stalled or w.steps_per_second) and (s := step_at(w, at)) is not None
-        ]
-        steps = known or steps
+        steps = [s for w, s in stepped if w.stalled or w.steps_per_second] or steps
     if not steps:
         return None
     rates = [w.steps_per_second for w in found if w.steps_per_second is not None]
@@ -139,19 +135,8 @@ def on_superseded(p: Pass, old: RestartRecord) -> None:
     """A restart superseded before its barrier opened never finishes: what it cost until the
     one that supersedes it is charged now (that one counts from its own detection)."""
     goodput = p.status.goodput or GoodputStatus()
-    lost = goodput.lost_seconds
-    onset = old.onset_at or old.detected_at
-    p.status.goodput = goodput.model_copy(
-        update={
-            "lost_seconds": lost.model_copy(
-                update={
-                    "detection": round(lost.detection + _seconds(onset, old.detected_at), 3),
-                    "restart": round(lost.restart + _seconds(old.detected_at, p.now), 3),
-                    "recompute": round(lost.recompute + (old.lost_seconds or 0.0), 3),
-                }
-            )
-        }
-    )
+    lost = _charge_restart(goodput.lost_seconds, old, until=p.now)
+    p.status.goodput = goodput.model_copy(update={"lost_seconds": lost})
 
 
 def _charged(p: Pass, goodput: GoodputStatus, *, first: bool) -> GoodputStatus:
@@ -164,14 +149,21 @@ def _charged(p: Pass, goodput: GoodputStatus, *, first: bool) -> GoodputStatus:
         scheduling = _seconds(s.start_time, s.barrier_opened_at)
         lost = lost.model_copy(update={"scheduling": round(scheduling, 3)})
     elif done is not None and done.barrier_open_at is not None:
-        onset = done.onset_at or done.detected_at
-        lost = BadputSeconds(
-            scheduling=lost.scheduling,
-            detection=round(lost.detection + _seconds(onset, done.detected_at), 3),
-            restart=round(lost.restart + _seconds(done.detected_at, done.barrier_open_at), 3),
-            recompute=round(lost.recompute + (done.lost_seconds or 0.0), 3),
-        )
+        lost = _charge_restart(lost, done, until=done.barrier_open_at)
     return goodput.model_copy(update={"lost_seconds": lost})
+
+
+def _charge_restart(lost: BadputSeconds, record: RestartRecord, until: datetime) -> BadputSeconds:
+    """`lost` with what the restart of `record` cost until `until` (its barrier, or the restart
+    that superseded it): its detection, its restart and the steps it lost."""
+    onset = record.onset_at or record.detected_at
+    return lost.model_copy(
+        update={
+            "detection": round(lost.detection + _seconds(onset, record.detected_at), 3),
+            "restart": round(lost.restart + _seconds(record.detected_at, until), 3),
+            "recompute": round(lost.recompute + (record.lost_seconds or 0.0), 3),
+        }
+    )
 
 
 def _totals(p: Pass, goodput: GoodputStatus) -> GoodputStatus:
