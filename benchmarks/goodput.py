@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import sys
 import time
@@ -34,8 +33,8 @@ import yaml
 
 from api import builders
 from benchmarks.common import Progress, markdown_table, write_json
-from benchmarks.realnode import controller_on_node
-from controller.k8s import GANGJOBS, JsonDict, Kube
+from benchmarks.realnode import controller_on_node, record_restarts, watch_until
+from controller.k8s import JsonDict, Kube
 from localcluster.node import AGENT_IMAGE
 from localcluster.tools import kubectl
 
@@ -174,30 +173,18 @@ async def run(args: argparse.Namespace) -> int:
             body = gangjob(name, args.steps, args.every, args.pace, checkpoints)
             kubectl(cluster, "-n", ns, "apply", "-f", "-", stdin=yaml.safe_dump(body))
             progress = Progress("goodput job")
-            job = await kube.get(GANGJOBS, name, ns)
 
             def done(job: JsonDict) -> bool:
+                record_restarts(job, records)
                 st = job.get("status", {})
-                for record in [*st.get("history", []), st.get("lastRestart") or {}]:
-                    if record.get("durationSeconds") is not None:
-                        records[record["epoch"]] = record
                 step = (st.get("progress") or {}).get("step")
                 progress.tick(f"epoch {st.get('epoch', 0)}, step {step}")
                 if st.get("phase") == "Failed":
                     raise RuntimeError(f"job failed: {st.get('conditions')}")
                 return bool(st.get("phase") == "Succeeded")
 
-            async with asyncio.timeout(120 + 3 * args.steps * args.pace):
-                if not done(job):
-                    events = kube.watch(
-                        GANGJOBS, ns, field_selector=f"metadata.name={name}",
-                        resource_version=job["metadata"]["resourceVersion"],
-                    )  # fmt: skip
-                    async with contextlib.aclosing(events):
-                        async for ev in events:
-                            if ev.type == "MODIFIED" and done(ev.object):
-                                job = ev.object
-                                break
+            timeout = 120 + 3 * args.steps * args.pace
+            job = await watch_until(kube, ns, name, done, timeout)
             logs: dict[int, list[JsonDict]] = {}
             for rank in range(3):
                 out = kubectl(cluster, "-n", ns, "logs", f"{name}-{rank}", "-c", "trainer")

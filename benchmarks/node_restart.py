@@ -38,8 +38,8 @@ import yaml
 
 from api import builders
 from benchmarks.common import RESULTS, Progress, markdown_table, write_json
-from benchmarks.realnode import controller_on_node
-from controller.k8s import GANGJOBS, JsonDict, Kube
+from benchmarks.realnode import controller_on_node, record_restarts, watch_until
+from controller.k8s import JsonDict, Kube
 from localcluster.cluster import Cluster
 from localcluster.node import AGENT_IMAGE
 from localcluster.tools import kubectl
@@ -113,15 +113,6 @@ def p90(values: list[float]) -> float:
     return ordered[max(0, math.ceil(0.9 * len(ordered)) - 1)]
 
 
-def record_restarts(job: JsonDict, finished: dict[int, JsonDict]) -> None:
-    """Adds the finished restarts `job`'s status shows (its last restart and its history, which
-    keeps only the last few) to `finished`, by epoch."""
-    status = job.get("status", {})
-    for record in [*status.get("history", []), status.get("lastRestart") or {}]:
-        if record.get("durationSeconds") is not None:
-            finished[record["epoch"]] = record
-
-
 STOPPED = re.compile(r"trainer stopped \(exit code (\d+)\)")
 
 
@@ -175,7 +166,6 @@ async def run_mode(
     t0 = time.monotonic()
     kubectl(cluster, "-n", ns, "apply", "-f", "-", stdin=yaml.safe_dump(body))
     progress = Progress(f"{mode} mode")
-    job = await kube.get(GANGJOBS, name, ns)
     finished: dict[int, JsonDict] = {}
     hung_logs: list[str] = []
     seen_barrier = [0]
@@ -198,16 +188,7 @@ async def run_mode(
         progress.tick(f"epoch {st.get('epoch', 0)}/{restarts}")
         return bool(st.get("epoch") == restarts and st.get("barrierEpoch") == restarts)
 
-    async with asyncio.timeout(120 + 60 * restarts):
-        if not done(job):
-            events = kube.watch(
-                GANGJOBS, ns, field_selector=f"metadata.name={name}",
-                resource_version=job["metadata"]["resourceVersion"],
-            )  # fmt: skip
-            async with contextlib.aclosing(events):
-                async for ev in events:
-                    if ev.type == "MODIFIED" and done(ev.object):
-                        break
+    await watch_until(kube, ns, name, done, timeout=120 + 60 * restarts)
     wall = time.monotonic() - t0
     logs = keep_logs(cluster, ns, [f"{name}-{rank}" for rank in range(workers)])
     stops = [stop for log in logs if mode == "Process" for stop in trainer_stops(log)]
