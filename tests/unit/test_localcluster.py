@@ -173,7 +173,7 @@ def test_a_console_script_of_the_trainer_image_runs_with_the_images_python(
     # pip --target writes the interpreter that installed it: this host's, not the image's.
     script = tmp_path / "torchrun"
     script.write_text(
-        "#!/work/x/.venv/bin/python3.11\nimport sys\nfrom torch.distributed.run import main\n"
+        "#!/opt/build/.venv/bin/python3.11\nimport sys\nfrom torch.distributed.run import main\n"
     )
     assert pytorch.image_script(script) == (
         b"#!/usr/bin/python3\nimport sys\nfrom torch.distributed.run import main\n"
