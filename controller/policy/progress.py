@@ -58,9 +58,13 @@ def gang_progress(
     stepped = [(w, s) for w in found if (s := step_at(w, at)) is not None]
     steps = [s for _, s in stepped]
     if at is not None:
-        # At a failure, a worker still stepping whose step cannot be carried on (no rate yet)
-        # is only a lower bound, summaries being up to 30 s old: the others' tell the step.
-        steps = [s for w, s in stepped if w.stalled or w.steps_per_second] or steps
+        # At a failure, a stalled worker's step is exact, and in a synchronous gang the others
+        # cannot have passed it; the step carried on at a rate is an estimate (summaries are up
+        # to 30 s old, the step's change seen within a poll), and one without a rate only a
+        # lower bound. The best there is tells the step.
+        exact = [s for w, s in stepped if w.stalled]
+        carried = [s for w, s in stepped if w.steps_per_second]
+        steps = exact or carried or steps
     if not steps:
         return None
     rates = [w.steps_per_second for w in found if w.steps_per_second is not None]

@@ -136,3 +136,16 @@ def test_at_a_failure_a_stale_step_without_a_rate_is_no_bound_on_the_gang() -> N
     alone = gang_progress([stale], GANG_NOW, at=at)
     assert alone is not None
     assert alone.step == 3  # alone, it is all there is to say
+
+
+def test_at_a_failure_a_stalled_step_beats_an_estimate() -> None:
+    # The other worker's last summary was a second old, its rate carrying it to 4.9: it was
+    # at the hung worker's step 5 too, which holds the gang.
+    at = GANG_NOW - timedelta(seconds=5)
+    hung = WorkerProgress(epoch=0, step=5, last_step_at=at, stalled=True)
+    stepping = WorkerProgress(
+        epoch=0, step=4, steps_per_second=1.0, last_step_at=at - timedelta(seconds=0.9)
+    )
+    progress = gang_progress([hung, stepping], GANG_NOW, at=at)
+    assert progress is not None
+    assert progress.step == 5
