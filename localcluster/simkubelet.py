@@ -20,10 +20,12 @@ kubelet 1.36 does:
 - `Process` mode runs the real agent with `SimTrainer` runs for its trainer (no process, so
   thousands fit): `crash` ends the running one with a code; the agent's own exit ends the
   trainer container and the pod (Succeeded on 0, else Failed);
-- with `progress` (`SimProgress`), each `Process`-mode trainer run reports its steps (and
+- with `progress` (`SimProgress`), each trainer run of its jobs reports its steps (and
   checkpoints) to the agent's progress file, as the contract of docs/progress.md says, and the
   agent follows them with its real monitor (hangSeconds and the summary period from the pod's
-  agent environment); `hang` makes one run stop reporting while it keeps running;
+  agent environment): in `Process` mode the agent's own runs; in `Pod` mode a stand-in for
+  the trainer container the kubelet runs, from its agent's barrier open to the pod's restart;
+  `hang` makes one run stop reporting while it keeps running;
 - a terminating pod labelled `SIMULATED_KUBELET_LABEL` is removed by a delete for its UID once
   its agent is stopped (KWOK, which deletes by name, is told to leave such pods alone: its late
   deletes removed recreated pods of the same name);
@@ -79,6 +81,7 @@ from api.constants import (
     ENV_PROGRESS_SUMMARY_SECONDS,
     LABEL_NAME,
     LABEL_RANK,
+    PROGRESS_FILE,
     RESTART_EXIT_CODE,
     AgentPlacement,
 )
@@ -168,7 +171,8 @@ def trainer_command(pod: JsonDict, trainer: str) -> list[str]:
 @dataclass(frozen=True)
 class SimProgress:
     """How the stand-in trainers report progress: `steps_per_second` from the start of each run
-    (step 0 at once), a checkpoint every `checkpoint_every` steps (0: none).
+    (step 0 at once), a checkpoint every `checkpoint_every` steps (0: none); only the workers of
+    `jobs` (None: of every job), so that gangs with and without progress run side by side.
 
     Through the file, as a real trainer reports, so that the agent's real reading of it runs:
     on this machine (/dev/shm, 1000 workers) a step written costs ~14 us and its agent's poll
@@ -177,6 +181,11 @@ class SimProgress:
 
     steps_per_second: float = 1.0
     checkpoint_every: int = 0
+    jobs: frozenset[str] | None = None
+
+    def follows(self, job: str) -> bool:
+        """Whether the workers of `job` report progress."""
+        return self.jobs is None or job in self.jobs
 
     @property
     def period(self) -> float:
@@ -288,9 +297,10 @@ class Worker:
     visible in the API. A status replaced before it was sent is marked by the write of the one
     replacing it."""
     trainer: SimTrainer | None = None
-    """`Process` mode: the agent's latest trainer run."""
+    """`Process` mode: the agent's latest trainer run. `Pod` mode with progress: the trainer
+    container's stand-in while it runs."""
     trainer_runs: list[SimTrainer] = field(default_factory=list)
-    """`Process` mode: every trainer run of this pod, the latest last."""
+    """Every trainer run of this pod (`Pod` mode: with progress), the latest last."""
     next_exit: int | None = None
     """`Process` mode: the exit code of the next trainer run, at once (`SimKubelet.crash` while
     no run was going)."""
@@ -328,7 +338,7 @@ class SimKubelet:
         exit to the kubelet's status that every container stopped and starts again (its
         restart condition gone); `start_delay`: a new pod Running (by KWOK) to its agent
         running. `kubelet_concurrency` bounds this kubelet's requests to the apiserver.
-        `progress`: the `Process`-mode trainers report steps and the agents follow them (None:
+        `progress`: the trainers of its jobs report steps and their agents follow them (None:
         no trainer reports and no agent reads progress)."""
         self.api = api
         self.progress = progress
@@ -521,7 +531,8 @@ class SimKubelet:
         self.workers[name] = w
         if why:
             w.events.append(why)
-        env = agent_env(pod) if self.progress is not None else {}
+        progress = self.progress is not None and self.progress.follows(job)
+        env = agent_env(pod) if progress else {}
         config = Config(
             job_name=job,
             pod_name=name,
@@ -532,7 +543,7 @@ class SimKubelet:
             pod_uid=uid,
             arrival_url=self.arrival_url,
             arrival_token_file=wdir / f"arrival-token-{uid}",
-            progress_poll_seconds=PROGRESS_POLL_SECONDS if self.progress is not None else None,
+            progress_poll_seconds=PROGRESS_POLL_SECONDS if progress else None,
             hang_seconds=_seconds(env, ENV_HANG_SECONDS),
             progress_summary_seconds=_seconds(env, ENV_PROGRESS_SUMMARY_SECONDS)
             or DEFAULT_PROGRESS_SUMMARY_SECONDS,
@@ -618,8 +629,18 @@ class SimKubelet:
 
     def _stop_worker(self, name: str) -> None:
         w = self.workers.pop(name, None)
+        if w is not None:
+            self._stop_trainer(w)
         if w is not None and w.agent is not None:
             w.agent.stop()
+
+    @staticmethod
+    def _stop_trainer(w: Worker) -> None:
+        """`Pod` mode: the kubelet stops the trainer container (its stand-in reports no more).
+        `Process` mode's runs are the agent's to stop."""
+        if w.mode is not AgentPlacement.WRAPPER and w.trainer is not None:
+            w.trainer.exit(STOPPED_EXIT_CODE)
+            w.trainer = None
 
     def _agent_done(self, w: Worker, task: asyncio.Task[int]) -> None:
         self._poke()
@@ -660,6 +681,7 @@ class SimKubelet:
         containers run again `restart_delay` after the agent ended, whenever the status writes
         saying so land: the node does not wait for the apiserver."""
         w.events.append(f"restart-all: {why}")
+        self._stop_trainer(w)
         if w.agent is not None:
             w.agent.stop()
         if w.task is not None:
@@ -754,11 +776,11 @@ class SimKubelet:
 
     def hang(self, name: str) -> SimTrainer:
         """The worker's trainer run stops reporting progress and keeps running, as a wedged
-        device or a stuck collective leaves it (`Process` mode with `progress`). Returns the
+        device or a stuck collective leaves it (a worker with `progress`). Returns the
         run: its `reported_at` is its last step's time."""
         w = self.workers[name]
         run = w.trainer
-        if w.mode is not AgentPlacement.WRAPPER or run is None or not run.running:
+        if run is None or not run.running:
             raise RuntimeError(f"{name}: no stand-in trainer runs")
         run.hang()
         return run
@@ -768,6 +790,7 @@ class SimKubelet:
         w = self.workers.get(name)
         if w is not None:
             w.lost = True
+            self._stop_trainer(w)
             if w.agent is not None:
                 w.agent.stop()
 
@@ -777,11 +800,27 @@ class SimKubelet:
             now = time.monotonic()
             reported = False
             for w in self.workers.values():
+                if w.trainer is None and w.agent is not None and w.agent.progress is not None:
+                    self._start_pod_trainer(w, now)
                 if w.trainer is not None:
                     reported |= w.trainer.report(now, progress)
             if reported:
                 self._poke()
             await asyncio.sleep(progress.period)
+
+    @staticmethod
+    def _start_pod_trainer(w: Worker, now: float) -> None:
+        """`Pod` mode: the kubelet starts the trainer container once its agent's barrier is
+        open (the agent's startup probe); its stand-in reports to the agent's progress file, as
+        the pod builder's `GANGJOB_PROGRESS` points the real one."""
+        assert w.agent is not None
+        state = w.agent.state
+        if w.mode is AgentPlacement.WRAPPER or not state.barrier_open:
+            return
+        env = {ENV_PROGRESS: str(w.dir / PROGRESS_FILE), ENV_EPOCH: str(state.epoch)}
+        w.trainer = SimTrainer([], env)
+        w.trainer.started_at = now
+        w.trainer_runs.append(w.trainer)
 
     # -- observing -----------------------------------------------------------------------
     async def wait(self, predicate: Callable[[SimKubelet], bool], timeout: float = 30.0) -> None:
