@@ -25,6 +25,11 @@ API_GROWTH_MAX = 1.5
 most this many times the smallest N's (plus `API_GROWTH_SLACK`): progress-only writes (at most
 one a second) grow with a restart's duration, not with N."""
 API_GROWTH_SLACK = 5
+PROGRESS_CPU_SHARE_MAX, PROGRESS_WRITES_PER_30S_MAX, PROGRESS_AT = 0.02, 1.0, 5000
+"""With every agent reporting: the controller's CPU that progress adds (a share of one core),
+and the GangJob's writes per 30 s, in a steady window."""
+PROGRESS_OVER_OFF_MAX, PROGRESS_RESTART_AT = 1.10, 1000
+"""In-place restart with progress on / off (same run)."""
 PROCESS_MAX_S, PROCESS_AT = 3.0, 5000
 """Process mode in place, the trainer's exit -> barrier written, median."""
 
@@ -259,6 +264,41 @@ def process_mode(results: Results) -> list[Verdict]:
     return [Verdict(goal, t <= PROCESS_MAX_S, f"{t:.2f} s", slowest(res, "process"))]
 
 
+def progress(results: Results) -> list[Verdict]:
+    """`--progress`: what progress costs the controller at N=5000, and a restart at N=1000."""
+    out = []
+    goal = (
+        f"progress with every agent reporting at N={PROGRESS_AT}: controller CPU "
+        f"<= {100 * PROGRESS_CPU_SHARE_MAX:g}% of a core, GangJob writes "
+        f"<= {PROGRESS_WRITES_PER_30S_MAX:g} per 30 s"
+    )
+    res, why = _at(results, PROGRESS_AT)
+    cost = res.get("progress_cost") if res else None
+    if not cost:
+        out.append(Verdict(goal, None, "", why or "--progress not measured"))
+    else:
+        added, writes = float(cost["added_cpu_share"]), float(cost["job_writes_per_30s"])
+        figures = (
+            f"{100 * added:.2f}% of a core added ({cost['reports_per_s']} summaries/s), "
+            f"{writes:g} writes per 30 s"
+        )
+        cpu_ok, writes_ok = added <= PROGRESS_CPU_SHARE_MAX, writes <= PROGRESS_WRITES_PER_30S_MAX
+        held = "controller CPU" if not cpu_ok else "GangJob writes"
+        out.append(Verdict(goal, cpu_ok and writes_ok, figures, held))
+    goal = (
+        f"in-place restart with progress on within {100 * (PROGRESS_OVER_OFF_MAX - 1):g}% of "
+        f"off at N={PROGRESS_RESTART_AT}"
+    )
+    res, why = _at(results, PROGRESS_RESTART_AT)
+    ratio = res.get("in_place_progress_over_in_place") if res else None
+    if res is None or ratio is None:
+        return [*out, Verdict(goal, None, "", why or "--progress not measured")]
+    on, off = median(res, "in-place+progress"), median(res, "in-place")
+    figures = f"{on} s / {off} s = {ratio}x"
+    slow = slowest(res, "in-place+progress")
+    return [*out, Verdict(goal, ratio <= PROGRESS_OVER_OFF_MAX, figures, slow)]
+
+
 def verdicts(results: list[dict[str, Any]], settings: Settings) -> list[Verdict]:
     """Every goal, in the issue's order."""
     by_n: Results = {res["workers"]: res for res in results}
@@ -271,5 +311,6 @@ def verdicts(results: list[dict[str, Any]], settings: Settings) -> list[Verdict]
         lambda: controller_rss(by_n),
         lambda: api_requests(by_n),
         lambda: process_mode(by_n),
+        lambda: progress(by_n),
     ]
     return [v for check in checks for v in check()]
