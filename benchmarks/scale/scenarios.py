@@ -137,7 +137,7 @@ async def measure_restart(
     """One restart from epoch E to E+1: inject, wait for every milestone, collect numbers."""
     before = CtlSample.take(w.ctl)
     row = await timed(w, mode, rep, inject, checks, order, timeout, state, span)
-    w.sample_rss()
+    rss = w.sample_rss()
     after = CtlSample.take(w.ctl)
     last = tracker.status.get("lastRestart") or {}
     if last.get("epoch") != tracker.status.get("epoch"):
@@ -148,6 +148,7 @@ async def measure_restart(
         "recreated": RestartRecord.model_validate(last).recreated_ranks(w.n) if last else None,
         "trigger": (last.get("trigger") or {}).get("class"),
         "controller": ctl,
+        "controller_rss_mib": round(rss, 1),
     }
     print_row(w, row, f"ctl share {ctl['share_s']}  ctl API {ctl['requests'].get('all', 0)}")
     return row
