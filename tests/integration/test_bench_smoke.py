@@ -117,7 +117,8 @@ async def test_progress_twins_are_measured_beside_their_modes_with_the_steady_co
     assert cost["window_s"] >= 33.0
     assert cost["cpu_share"] >= 0
     assert cost["cpu_share_without"] is not None
-    assert cost["job_writes"] <= 3  # at most every 30 s (and one more at a boundary)
+    # status.progress is written while the gang trains, at most every 30 s.
+    assert 1 <= cost["job_writes"] <= 2
     assert res["in_place_progress_over_in_place"] > 0
     md = report(settings, data, data["results"])
     assert "| in-place+progress | 1 |" in md
