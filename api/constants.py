@@ -262,6 +262,15 @@ until it is created whole again (a PodGroup's quorum would never count them)."""
 REASON_GANG_ORDERED: Final = "RolesStartInOrder"
 """GangScheduling False: a role waits for another (`dependsOn`), so the gang is never whole at
 once for a PodGroup's quorum."""
+REASON_GANG_TOPOLOGY: Final = "PodGroupTopology"
+"""GangScheduling True: the PodGroup also places every worker in one domain of
+`spec.scheduling.topologyKey`."""
+REASON_GANG_TOPOLOGY_NOT_SERVED: Final = "TopologyNotServed"
+"""GangScheduling True (and a Warning Event, once): the gang is placed all-or-nothing, but the
+cluster keeps no PodGroup topology constraint, so `spec.scheduling.topologyKey` is not
+enforced."""
+REASON_NO_DOMAIN_FITS: Final = "NoTopologyDomainFits"
+"""Stuck: no domain of `spec.scheduling.topologyKey` can ever hold the whole gang."""
 REASON_WORKER_RECREATED: Final = "WorkerRecreated"
 REASON_FORCE_DELETED: Final = "ForceDeleted"
 REASON_NODES_LACK_FEATURE: Final = "NodesLackRestartAllContainers"

@@ -731,8 +731,29 @@ class GangSchedulingMode(StrEnum):
     OFF = "Off"
 
 
+LABEL_KEY_PATTERN: Final = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+"""A node label key: an optional DNS-subdomain prefix and `/`, then a name."""
+
+
 class SchedulingSpec(_Model):
     """How the gang's pods are scheduled."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    # A PodGroup's constraints are immutable, and so the gang's domain.
+                    "rule": "has(self.topologyKey) == has(oldSelf.topologyKey) && "
+                    "(!has(self.topologyKey) || self.topologyKey == oldSelf.topologyKey)",
+                    "message": "spec.scheduling.topologyKey is immutable",
+                    "fieldPath": ".topologyKey",
+                },
+            ],
+        },
+    )
 
     gang: GangSchedulingMode = Field(
         default=GangSchedulingMode.AUTO,
@@ -741,6 +762,19 @@ class SchedulingSpec(_Model):
         "`replicas`, and links every worker to it, so that kube-scheduler binds no worker "
         "until all of them fit; elsewhere workers are scheduled one by one, as with `Off`. "
         "The `GangScheduling` condition says which is in force.",
+    )
+    topology_key: str | None = Field(
+        default=None,
+        max_length=_LABEL_KEY_MAX,
+        pattern=LABEL_KEY_PATTERN,
+        description="A node label, e.g. `topology.kubernetes.io/rack`: every worker of the gang "
+        "is placed in one domain of it (nodes with one value of the label), through the "
+        "PodGroup's `schedulingConstraints.topology`, which kube-scheduler 1.36 enforces "
+        "(feature gate `TopologyAwareWorkloadScheduling`, alpha; docs/scheduling.md). A worker "
+        "recreated later joins the domain of the workers still bound. Needs gang scheduling in "
+        "force; where the cluster does not keep the constraint, the gang runs unconstrained and "
+        "the `GangScheduling` condition says so. A gang that fits in no domain stays Pending, "
+        "and `Stuck` says why. Immutable.",
     )
 
 

@@ -279,6 +279,7 @@ def test_cel_rules_are_where_the_schema_cannot_say_it() -> None:
         ".spec.failurePolicy.rules[].onPodConditions[]",
         ".spec.failurePolicy.rules[].onNodeConditions[]",
         ".spec.failurePolicy.rules[].onMessagePatterns[]",
+        ".spec.scheduling",
     }
     assert any("self.trainerContainer" in r for r in rules[".spec"])
     assert any("onExitCodes.containerName" in r for r in rules[".spec"])
@@ -295,6 +296,8 @@ def test_cel_rules_are_where_the_schema_cannot_say_it() -> None:
     # RE2 compiles each pattern (`matches` errs on an invalid one), within the common subset.
     [pattern] = rules[".spec.failurePolicy.rules[].onMessagePatterns[]"]
     assert "''.matches(self)" in pattern
+    [immutable] = rules[".spec.scheduling"]
+    assert "oldSelf.topologyKey" in immutable
 
 
 def test_cel_messages_name_the_field() -> None:
