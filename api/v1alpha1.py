@@ -761,7 +761,11 @@ class SchedulingSpec(_Model):
         "the controller creates a Workload and a PodGroup whose gang policy's `minCount` is "
         "`replicas`, and links every worker to it, so that kube-scheduler binds no worker "
         "until all of them fit; elsewhere workers are scheduled one by one, as with `Off`. "
-        "The `GangScheduling` condition says which is in force.",
+        "The `GangScheduling` condition says which is in force. Where the cluster keeps a "
+        "PodGroup's `disruptionMode` (feature gate `WorkloadAwarePreemption`, alpha), the "
+        "PodGroup asks to be preempted only whole, at the priority of the template's "
+        "`priorityClassName`: a preempted gang then restarts once (class `Preempted`, not "
+        "counted) and waits, unbound, until it fits whole again.",
     )
     topology_key: str | None = Field(
         default=None,
