@@ -724,7 +724,7 @@ class SimKubelet:
 
         def exceeded(status: JsonDict) -> None:
             ended = {c["name"] for c in _containers(status) if "terminated" in c.get("state", {})}
-            _terminated(stamp, lambda c: None if c in ended else 137, status)
+            _terminated(stamp, lambda c: None if c in ended else 137, {}, status)
             status["phase"], status["reason"] = "Failed", "DeadlineExceeded"
 
         self._set_status(w, "deadline", exceeded)
@@ -736,7 +736,7 @@ class SimKubelet:
         trainer = self.trainer
         self._set_status(
             w, "exited",
-            functools.partial(_terminated, _now(), lambda c: code if c == trainer else None),
+            functools.partial(_terminated, _now(), lambda c: code if c == trainer else None, {}),
         )  # fmt: skip
 
     # -- failure injection (what a test does to a worker) --------------------------------
@@ -748,11 +748,13 @@ class SimKubelet:
                 return name
         raise KeyError(f"no pod of worker {rank} of {job}")
 
-    async def crash(self, name: str, code: int) -> None:
+    async def crash(self, name: str, code: int, message: str | None = None) -> None:
         """The worker's trainer exits with `code`, as a real one would. `Pod` mode: a code of
         the trainer's `RestartAllContainers` rule restarts the pod in place (returns once its
-        new agent started), any other leaves the pod Failed. `Process` mode: the agent's
-        stand-in trainer run ends with `code` (the next run, at once, if none is going)."""
+        new agent started), any other leaves the pod Failed, the trainer terminated with
+        `message` (what it wrote to its termination log, which the kubelet reads into the
+        status). `Process` mode: the agent's stand-in trainer run ends with `code` (the next
+        run, at once, if none is going)."""
         w = self.workers[name]
         if w.mode is AgentPlacement.WRAPPER:
             if w.trainer is not None and w.trainer.running:
@@ -771,7 +773,9 @@ class SimKubelet:
         trainer = self.trainer
         self._set_status(
             w, "failed",
-            functools.partial(_terminated, _now(), lambda c: code if c == trainer else 0),
+            functools.partial(
+                _terminated, _now(), lambda c: code if c == trainer else 0, {trainer: message}
+            ),
         )  # fmt: skip
 
     def hang(self, name: str) -> SimTrainer:
@@ -903,9 +907,15 @@ def _running(stamp: str, status: JsonDict) -> None:
         c["started"] = True
 
 
-def _terminated(stamp: str, codes: Callable[[str], int | None], status: JsonDict) -> None:
-    """Containers ended, each with `codes(name)` (None: left as it is), and with them the pod
-    (`restartPolicy: Never`): Failed if one failed, else Succeeded."""
+def _terminated(
+    stamp: str,
+    codes: Callable[[str], int | None],
+    messages: Mapping[str, str | None],
+    status: JsonDict,
+) -> None:
+    """Containers ended, each with `codes(name)` (None: left as it is) and its termination
+    message of `messages`, and with them the pod (`restartPolicy: Never`): Failed if one
+    failed, else Succeeded."""
     _ready(status, "False", stamp)
     failed = False
     for c in _containers(status):
@@ -913,7 +923,9 @@ def _terminated(stamp: str, codes: Callable[[str], int | None], status: JsonDict
         if code is None:
             continue
         failed |= code != 0
-        term = {"exitCode": code, "reason": "Error" if code else "Completed"}
+        term: JsonDict = {"exitCode": code, "reason": "Error" if code else "Completed"}
+        if messages.get(c["name"]):
+            term["message"] = messages[c["name"]]
         c["state"] = {"terminated": {**term, "startedAt": stamp, "finishedAt": stamp}}
         c["ready"] = False
     status["phase"] = "Failed" if failed else "Succeeded"

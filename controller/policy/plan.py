@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Final
 
 from controller.policy import (
+    deadline,
     failure,
     hang,
     lifecycle,
@@ -77,6 +78,7 @@ STEPS: Final[tuple[PlanStep, ...]] = (
     mode.choose_mode,
     roles.advance,
     success.complete,
+    deadline.enforce,
     recreate.delete_recreated,
     failure.classify_failures,
     hang.settle,
