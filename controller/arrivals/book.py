@@ -176,6 +176,8 @@ class ArrivalBook:
         self._progress: dict[str, dict[str, ProgressReport]] = {}
         """Per GangJob (namespace/name), per pod name: the latest progress."""
         self._progress_job: dict[tuple[str, str], str] = {}
+        self._progress_epoch: dict[str, int] = {}
+        """Per GangJob: the latest epoch a summary was of."""
         self.closing = False
         """The server is stopping: streams end now (their agents report to the next leader)."""
 
@@ -232,10 +234,13 @@ class ArrivalBook:
                 del of_job[pod], self._progress_job[(namespace, pod)]
                 if not of_job:
                     del self._progress[job]
+                    self._progress_epoch.pop(job, None)
 
     def record_progress(self, job: str, pod: str, progress: ProgressReport) -> bool:
         """Keeps `progress` of pod `pod` (a worker of GangJob `job`, namespace/name) unless it
-        is older than the one held. True if the worker's stall began or ended with it."""
+        is older than the one held. True if the job's pass should look now: the worker's stall
+        began or ended with it, or it is the job's first summary of its epoch (a summary queues
+        no pass, and the pass looks again at the status's period only once it has some)."""
         namespace = job.partition("/")[0]
         key = (namespace, pod)
         held_job = self._progress_job.get(key)
@@ -246,11 +251,14 @@ class ArrivalBook:
             del self._progress[held_job][pod]
         self._progress.setdefault(job, {})[pod] = progress
         self._progress_job[key] = job
+        first = progress.epoch > self._progress_epoch.get(job, -1)
+        if first:
+            self._progress_epoch[job] = progress.epoch
         # A stall of an earlier epoch (or of another pod of the name) is no stall of this run:
         # the same worker hanging again at the next epoch is news.
         same_run = held is not None and (held.uid, held.epoch) == (progress.uid, progress.epoch)
         was_stalled = same_run and held is not None and held.stalled_since is not None
-        return was_stalled != (progress.stalled_since is not None)
+        return first or was_stalled != (progress.stalled_since is not None)
 
     def progress(self, namespace: str, pod: str) -> ProgressReport | None:
         """The pod's latest progress, if its agent sent any."""

@@ -130,11 +130,7 @@ def account(p: Pass) -> None:
         s.progress = current
     if event or due:
         s.goodput = _totals(p, s.goodput or GoodputStatus())
-    # Summaries queue no pass, so the pass looks again itself while the gang trains: also
-    # when no worker has reported yet (at a barrier the epoch's first summaries are still to
-    # come), or the reports of the epoch would reach the status only at the next restart.
-    trains = s.barrier_epoch is not None and s.barrier_epoch == s.epoch
-    if (current is not None or trains) and not p.is_finished():
+    if current is not None and not p.is_finished():
         since = 0.0 if due or event or elapsed is None else elapsed
         p.requeue(max(1.0, PROGRESS_WRITE_SECONDS - since))
 

@@ -72,21 +72,6 @@ def test_progress_is_written_at_most_every_30_seconds_while_the_gang_runs() -> N
     assert plan(moved).requeue_after == pytest.approx(PROGRESS_WRITE_SECONDS - 10)
 
 
-def test_a_gang_whose_workers_have_not_reported_yet_is_looked_at_again() -> None:
-    # At the barrier no summary of the epoch has come yet (they come within 30 s), and a
-    # summary alone queues no pass: the pass asks to look again, or the status would keep no
-    # progress until the next restart.
-    silent = plan(gang())
-    assert silent.status.barrier_epoch == 0
-    assert silent.status.progress is None
-    assert silent.requeue_after == PROGRESS_WRITE_SECONDS
-    written = carry_out(gang(), silent)
-    later = dataclasses.replace(written, now=GANG_NOW + timedelta(seconds=PROGRESS_WRITE_SECONDS))
-    progress = plan(reporting(later, 0, {r: (40, 2.0, None) for r in range(3)})).status.progress
-    assert progress is not None
-    assert progress.step == 40
-
-
 def test_a_restart_records_the_work_it_lost() -> None:
     pods = [crashed(worker(0, 0)), worker(1, 0), worker(2, 0)]
     observed = gang(status=running_status(0), pods=pods)

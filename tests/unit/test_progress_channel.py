@@ -277,10 +277,12 @@ def progress(
 def test_the_book_keeps_each_workers_latest_progress() -> None:
     book, job = ArrivalBook(), f"{NS}/train"
     assert book.progress(NS, "train-0") is None
-    assert book.record_progress(job, "train-0", progress()) is False
+    # The job's first summary of an epoch is news for the controller's pass (it takes the
+    # status's progress up and looks again at its period); the others' are not.
+    assert book.record_progress(job, "train-0", progress()) is True
     assert book.record_progress(job, "train-1", progress(uid="u1", step=4)) is False
     assert book.progress_of(job) == {"train-0": progress(), "train-1": progress(uid="u1", step=4)}
-    # Only a stall's beginning and end are news for the controller's pass.
+    # Then only a stall's beginning and end are news.
     assert book.record_progress(job, "train-0", progress(step=6, stalled=True)) is True
     assert book.record_progress(job, "train-0", progress(step=6, stalled=True)) is False
     assert book.record_progress(job, "train-0", progress(step=7)) is True
@@ -288,6 +290,7 @@ def test_the_book_keeps_each_workers_latest_progress() -> None:
     assert book.record_progress(job, "train-0", progress(epoch=0, step=99)) is False
     assert book.progress(NS, "train-0") == progress(step=7)
     assert book.record_progress(job, "train-0", progress(epoch=2, step=1, stalled=True)) is True
+    assert book.record_progress(job, "train-1", progress(uid="u1", epoch=2, step=1)) is False
     # The same worker hanging again at the next epoch, its first word there a stall: news too
     # (the pass that restarts the gang waits for it).
     assert book.record_progress(job, "train-0", progress(epoch=3, step=1, stalled=True)) is True
@@ -297,6 +300,8 @@ def test_the_book_keeps_each_workers_latest_progress() -> None:
     book.forget(NS, "train-0", "u0")
     book.forget(NS, "train-1", "u1")
     assert (book.progress(NS, "train-0"), dict(book.progress_of(job))) == (None, {})
+    # A job of the name again (deleted and created anew) starts at epoch 0: news again.
+    assert book.record_progress(job, "train-0", progress(epoch=0)) is True
 
 
 # -- a real agent and the real endpoint, in-process ---------------------------------------------
@@ -347,7 +352,8 @@ async def test_a_trainers_progress_and_its_stall_reach_the_book(
             assert held.trainer_state == "S"  # `sleep`, as the agent started it
             assert agent.progress is not None
             assert agent.progress.stalls == 1
-            assert ctl.stalls == [f"{NS}/train"]  # one message, one pass
+            # One pass for the epoch's first summary, one for the stall's message.
+            assert ctl.stalls == [f"{NS}/train"] * 2
         finally:
             agent.stop()
             await asyncio.wait_for(task, 30)
