@@ -110,7 +110,7 @@ class AsyncClient:
 
         Each worker runs `command` (it gets MASTER_ADDR, WORLD_SIZE, RANK and torchrun's PET_*
         variables), or `func(**func_kwargs)`: the function's source, shipped in the job's program
-        ConfigMap and run with `python -u` (give `command` too, e.g. `["torchrun",
+        ConfigMap and run with `python3 -u` (give `command` too, e.g. `["torchrun",
         "gangjob_main.py"]`, to launch it otherwise). `program` files go to the same ConfigMap,
         mounted at /program, the trainer's working directory. `checkpoints`: a directory every
         worker shares at /checkpoints, a host path or `pvc:CLAIM`."""
@@ -119,7 +119,7 @@ class AsyncClient:
             if specmod.FUNCTION_FILE in files:
                 raise specmod.SpecError("program", f"a file named {specmod.FUNCTION_FILE}")
             files[specmod.FUNCTION_FILE] = specmod.function_program(func, func_kwargs)
-            command = command or ["python", "-u", specmod.FUNCTION_FILE]
+            command = command or ["python3", "-u", specmod.FUNCTION_FILE]
         elif func_kwargs:
             raise specmod.SpecError("func_kwargs", "only with func")
         ns = namespace or self.namespace

@@ -1,7 +1,8 @@
 """What a test run needs built, done before its first test starts: a cold build takes minutes
-(helm about 9, Kueue about 10 on two cores; Prometheus is a download), and inside a test it would run under pytest's
-per-test timeout and be charged to that test. Any test on a cluster (tests/integration,
-tests/e2e) needs the pinned Kubernetes binaries; a few test files need an add-on too."""
+(helm about 9, Kueue about 10 on two cores; Prometheus is a download), and inside a test it
+would run under pytest's per-test timeout and be charged to that test. Any test on a cluster
+(tests/integration, tests/e2e) needs the pinned Kubernetes binaries; a few test files need an
+add-on too."""
 
 from __future__ import annotations
 
