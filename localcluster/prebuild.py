@@ -21,6 +21,7 @@ ADDONS: Final[dict[str, str]] = {
     "test_kueue.py": "kueue",
     "test_jobset_peer.py": "jobset",
     "test_monitoring.py": "prometheus",
+    "test_in_cluster.py": "prometheus",
 }
 """Test file -> the add-on it runs."""
 BUILDS: Final[dict[str, Callable[[TextIO], object]]] = {

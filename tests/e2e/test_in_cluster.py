@@ -2,14 +2,22 @@
 (manifests/default with the images localcluster builds), two replicas behind the
 `gangjob-arrivals` Service that kube-proxy routes. A gang restarts in place with its arrivals
 over that Service; the leader's pod is deleted; another replica takes the Lease, the Service
-follows its label, the agents reach it, and the next failure restarts the gang in place again."""
+follows its label, the agents reach it, and the next failure restarts the gang in place again.
+A real Prometheus scrapes the replicas through the metrics Service, and its queries return the
+restart a test caused."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
 import sys
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
@@ -17,9 +25,10 @@ import pytest
 from api import builders
 from controller.k8s import GANGJOBS, LEASES, PODS, JsonDict, Kube, ResourceKind
 from controller.manager import LEADER_LABEL
-from localcluster import node
+from localcluster import node, prometheus, proxy
 from localcluster.cluster import Cluster
 from localcluster.controllerimage import CONTROLLER_IMAGE, controller_image
+from localcluster.procs import free_port
 from localcluster.tools import REPO, SYSTEM_NS, kubectl
 from tests.integration.harness import gang_pods, watch_job
 from tests.waiting import wait_for
@@ -305,3 +314,106 @@ async def _scrape_through_service(kube: Kube, cluster: Cluster, ns: str) -> None
     assert done["status"]["phase"] == "Succeeded", log
     assert "# TYPE gangjob_arrival_reports_total counter" in log
     assert "leader_election_master_status" in log
+
+
+# A real Prometheus (localcluster.prometheus) scraping the controller through its Service
+# gangjob-controller-metrics: it runs in the network namespace where this cluster's kube-proxy
+# routes the Service range (localcluster.proxy), so its scrapes of the Service's address are
+# load-balanced over the replicas as a pod's are. Debian's Prometheus has no Kubernetes service
+# discovery (the package drops it), hence the Service's address as a static target.
+PROMETHEUS_CONFIG = """
+global: {scrape_interval: 1s, evaluation_interval: 1s}
+scrape_configs:
+- job_name: gangjob-controller
+  static_configs:
+  - targets: ["%(target)s"]
+"""
+
+
+@pytest.fixture
+def prometheus_server(node_cluster: Cluster, tmp_path: Path) -> Iterator[str]:
+    """A Prometheus server scraping the metrics Service; yields its URL, stops it afterwards."""
+    service = node_cluster.api(
+        "GET", f"/api/v1/namespaces/{SYSTEM_NS}/services/gangjob-controller-metrics"
+    )
+    target = f"{service['spec']['clusterIP']}:{service['spec']['ports'][0]['port']}"
+    config = tmp_path / "prometheus.yml"
+    config.write_text(PROMETHEUS_CONFIG % {"target": target})
+    address = f"{proxy.router_ip(node_cluster)}:{free_port()}"
+    log = open(tmp_path / "prometheus.log", "w")  # noqa: SIM115 (closed below)
+    proc = subprocess.Popen(
+        ["ip", "netns", "exec", proxy.netns(node_cluster), str(prometheus.prometheus()),
+         f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
+         f"--web.listen-address={address}"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        yield f"http://{address}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+        print((tmp_path / "prometheus.log").read_text()[-3000:])
+
+
+def promql(url: str, query: str) -> list[dict[str, Any]]:
+    """An instant query's result vector (empty while Prometheus has nothing, or is starting)."""
+    try:
+        with urllib.request.urlopen(
+            f"{url}/api/v1/query?{urllib.parse.urlencode({'query': query})}", timeout=10
+        ) as resp:
+            body = json.load(resp)
+    except (urllib.error.URLError, ConnectionError):
+        return []
+    result: list[dict[str, Any]] = body["data"]["result"]
+    return result
+
+
+async def test_prometheus_scrapes_the_restart_through_the_service(
+    node_kube: Kube, node_namespace: str, node_cluster: Cluster, in_cluster: None,
+    prometheus_server: str,
+) -> None:  # fmt: skip
+    ns = node_namespace
+    kubectl(node_cluster, "-n", SYSTEM_NS, "rollout", "status", f"deployment/{DEPLOYMENT}",
+            "--timeout=180s", timeout=200)  # fmt: skip
+    await eventually(lambda: two_ready_one_leader(node_kube), 120, "two Ready replicas")
+
+    async def target_up() -> list[dict[str, Any]] | None:
+        up = await asyncio.to_thread(promql, prometheus_server, 'up{job="gangjob-controller"}')
+        return up if up and up[0]["value"][1] == "1" else None
+
+    await eventually(target_up, 60, "the metrics Service scraped")
+
+    # Rank 1 crashes once (TRAINER): one gang restart, in place, to epoch 1.
+    await node_kube.create(GANGJOBS, gangjob("scraped"), ns)
+    await watch_job(node_kube, ns, "scraped", at_epoch(1), timeout=180, what="at epoch 1")
+
+    # Each scrape reaches one replica, and only the leader has the job's series: over a minute.
+    epoch = f'max_over_time(gangjob_epoch{{namespace="{ns}",name="scraped"}}[1m]) == 1'
+    found = await eventually(
+        lambda: _nonempty(asyncio.to_thread(promql, prometheus_server, epoch)), 30,
+        "the job's epoch 1 in Prometheus",
+    )  # fmt: skip
+    print("query", epoch, "->", found)
+    restarts = 'max_over_time(gangjob_restarts_total{class="ProcessExit",action="RestartGang"}[1m])'
+    got = await eventually(
+        lambda: _nonempty(asyncio.to_thread(promql, prometheus_server, restarts)), 30,
+        "the ProcessExit restart in Prometheus",
+    )  # fmt: skip
+    print("query", restarts, "->", got)
+    assert float(got[0]["value"][1]) >= 1
+    barrier = f'max_over_time(gangjob_barrier_epoch{{namespace="{ns}",name="scraped"}}[1m])'
+    await eventually(
+        lambda: _nonempty(asyncio.to_thread(promql, prometheus_server, f"{barrier} == 1")), 30,
+        "the barrier of epoch 1 in Prometheus",
+    )  # fmt: skip
+    await node_kube.delete(GANGJOBS, "scraped", ns)
+
+
+async def _nonempty(got: Awaitable[list[dict[str, Any]]]) -> list[dict[str, Any]] | None:
+    value = await got
+    return value or None
