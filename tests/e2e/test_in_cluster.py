@@ -3,32 +3,30 @@
 `gangjob-arrivals` Service that kube-proxy routes. A gang restarts in place with its arrivals
 over that Service; the leader's pod is deleted; another replica takes the Lease, the Service
 follows its label, the agents reach it, and the next failure restarts the gang in place again.
-A real Prometheus scrapes the replicas through the metrics Service, and its queries return the
-restart a test caused."""
+A real Prometheus, in a pod, scrapes the replicas through the metrics Service, and its queries
+return the restart a test caused."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-import subprocess
 import sys
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Awaitable, Callable, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import pytest
 
 from api import builders
-from controller.k8s import GANGJOBS, LEASES, PODS, JsonDict, Kube, ResourceKind
+from controller.k8s import CONFIGMAPS, GANGJOBS, LEASES, PODS, JsonDict, Kube, ResourceKind
 from controller.manager import LEADER_LABEL
-from localcluster import node, prometheus, proxy
+from localcluster import node, prometheus
 from localcluster.cluster import Cluster
 from localcluster.controllerimage import CONTROLLER_IMAGE, controller_image
-from localcluster.procs import free_port
 from localcluster.tools import REPO, SYSTEM_NS, kubectl
 from tests.integration.harness import gang_pods, watch_job
 from tests.waiting import wait_for
@@ -316,48 +314,66 @@ async def _scrape_through_service(kube: Kube, cluster: Cluster, ns: str) -> None
     assert "leader_election_master_status" in log
 
 
-# A real Prometheus (localcluster.prometheus) scraping the controller through its Service
-# gangjob-controller-metrics: it runs in the network namespace where this cluster's kube-proxy
-# routes the Service range (localcluster.proxy), so its scrapes of the Service's address are
-# load-balanced over the replicas as a pod's are. Debian's Prometheus has no Kubernetes service
-# discovery (the package drops it), hence the Service's address as a static target.
-PROMETHEUS_CONFIG = """
-global: {scrape_interval: 1s, evaluation_interval: 1s}
+# A real Prometheus (localcluster.prometheus) in a pod, as a platform team runs it, scraping the
+# controller through its Service gangjob-controller-metrics (kube-proxy spreads the scrapes over
+# the replicas). The pod runs the cached binary from a hostPath on the agent image, which has the
+# C library it links; the test queries it at its pod address.
+PROMETHEUS_CONFIG = f"""
+global: {{scrape_interval: 1s, evaluation_interval: 1s}}
 scrape_configs:
 - job_name: gangjob-controller
   static_configs:
-  - targets: ["%(target)s"]
+  - targets: ["gangjob-controller-metrics.{SYSTEM_NS}.svc:8080"]
 """
+PROMETHEUS_PORT = 9090
 
 
 @pytest.fixture
-def prometheus_server(node_cluster: Cluster, tmp_path: Path) -> Iterator[str]:
-    """A Prometheus server scraping the metrics Service; yields its URL, stops it afterwards."""
-    service = node_cluster.api(
-        "GET", f"/api/v1/namespaces/{SYSTEM_NS}/services/gangjob-controller-metrics"
-    )
-    target = f"{service['spec']['clusterIP']}:{service['spec']['ports'][0]['port']}"
-    config = tmp_path / "prometheus.yml"
-    config.write_text(PROMETHEUS_CONFIG % {"target": target})
-    address = f"{proxy.router_ip(node_cluster)}:{free_port()}"
-    log = open(tmp_path / "prometheus.log", "w")  # noqa: SIM115 (closed below)
-    proc = subprocess.Popen(
-        ["ip", "netns", "exec", proxy.netns(node_cluster), str(prometheus.prometheus()),
-         f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-         f"--web.listen-address={address}"],
-        stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+async def prometheus_server(
+    node_kube: Kube, node_cluster: Cluster, node_namespace: str
+) -> AsyncIterator[str]:
+    """The Prometheus pod; yields its URL, deletes it afterwards."""
+    ns, home = node_namespace, prometheus.ensure_built()
+    await node_kube.create(CONFIGMAPS, {
+        "metadata": {"name": "prometheus"}, "data": {"prometheus.yml": PROMETHEUS_CONFIG},
+    }, ns)  # fmt: skip
+    container = {
+        "name": "prometheus",
+        "image": node.AGENT_IMAGE,
+        "imagePullPolicy": "Never",
+        "command": ["/prometheus/prometheus", "--config.file=/config/prometheus.yml",
+                    "--storage.tsdb.path=/data", f"--web.listen-address=:{PROMETHEUS_PORT}"],
+        "volumeMounts": [
+            {"name": "binary", "mountPath": "/prometheus", "readOnly": True},
+            {"name": "config", "mountPath": "/config", "readOnly": True},
+            {"name": "data", "mountPath": "/data"},
+        ],
+    }  # fmt: skip
+    pod = {
+        "metadata": {"name": "prometheus"},
+        "spec": {
+            "terminationGracePeriodSeconds": 5,
+            "containers": [container],
+            "volumes": [
+                {"name": "binary", "hostPath": {"path": str(home), "type": "Directory"}},
+                {"name": "config", "configMap": {"name": "prometheus"}},
+                {"name": "data", "emptyDir": {}},
+            ],
+        },
+    }
+    await node_kube.create(PODS, pod, ns)
     try:
-        yield f"http://{address}"
+        running = await wait_for(
+            node_kube, PODS, "prometheus", ns,
+            lambda p: bool(p.get("status", {}).get("podIP"))
+            and p.get("status", {}).get("phase") == "Running",
+            120, "running",
+        )  # fmt: skip
+        yield f"http://{running['status']['podIP']}:{PROMETHEUS_PORT}"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-        print((tmp_path / "prometheus.log").read_text()[-3000:])
+        with contextlib.suppress(RuntimeError):
+            print(kubectl(node_cluster, "-n", ns, "logs", "prometheus")[-3000:])
+        await node_kube.delete(PODS, "prometheus", ns)
 
 
 def promql(url: str, query: str) -> list[dict[str, Any]]:
@@ -367,7 +383,8 @@ def promql(url: str, query: str) -> list[dict[str, Any]]:
             f"{url}/api/v1/query?{urllib.parse.urlencode({'query': query})}", timeout=10
         ) as resp:
             body = json.load(resp)
-    except (urllib.error.URLError, ConnectionError):
+    except (urllib.error.URLError, ConnectionError) as e:
+        print(f"query {query}: {e}")
         return []
     result: list[dict[str, Any]] = body["data"]["result"]
     return result
