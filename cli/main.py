@@ -253,7 +253,7 @@ def manifest_from_args(args: argparse.Namespace, namespace: str) -> JsonDict:
 def _flag_error(e: SpecError) -> str:
     flag = "COMMAND" if e.field == "command" else f"--{e.field.replace('_', '-')}"
     rule = "give the trainer's command after `--`" if e.field == "command" else e.rule
-    return f"{flag}: {rule}"
+    return f"{flag}{'' if e.value is None else f' {e.value}'}: {rule}"
 
 
 async def submit(client: AsyncClient, args: argparse.Namespace, out: TextIO) -> int:

@@ -30,10 +30,11 @@ class SpecError(ValueError):
     """A job that cannot be submitted. `field` names the argument (`image`, `workers`...), and
     the message says the rule."""
 
-    def __init__(self, field: str, rule: str) -> None:
-        super().__init__(f"{field}: {rule}")
+    def __init__(self, field: str, rule: str, value: str | None = None) -> None:
+        super().__init__(f"{field}{'' if value is None else f' {value}'}: {rule}")
         self.field = field
         self.rule = rule
+        self.value = value
 
 
 def random_name() -> str:
@@ -65,11 +66,11 @@ def read_program_files(paths: Sequence[Path | str]) -> dict[str, str]:
     files: dict[str, str] = {}
     for path in map(Path, paths):
         if path.name in files:
-            raise SpecError("program", f"{path}: a second file named {path.name}")
+            raise SpecError("program", f"a second file named {path.name}", str(path))
         try:
             files[path.name] = path.read_text()
         except (OSError, UnicodeDecodeError) as e:
-            raise SpecError("program", f"{path}: cannot read it as text ({e})") from e
+            raise SpecError("program", f"cannot read it as text ({e})", str(path)) from e
     return files
 
 
@@ -78,10 +79,10 @@ def checkpoints_volume(where: str) -> JsonDict:
     claim = where.removeprefix("pvc:")
     if claim != where:
         if not claim:
-            raise SpecError("checkpoints", "pvc:CLAIM: the claim's name is missing")
+            raise SpecError("checkpoints", "the claim's name is missing", where)
         return {"name": CHECKPOINTS_VOLUME, "persistentVolumeClaim": {"claimName": claim}}
     if not where.startswith("/"):
-        raise SpecError("checkpoints", f"{where}: a host path is absolute (or pvc:CLAIM)")
+        raise SpecError("checkpoints", "a host path is absolute (or pvc:CLAIM)", where)
     host_path = {"path": where, "type": "DirectoryOrCreate"}
     return {"name": CHECKPOINTS_VOLUME, "hostPath": host_path}
 
