@@ -178,7 +178,7 @@ def test_helm_install_upgrade_and_uninstall_leave_nothing_behind(
     ns = namespace
     objs = list(render(ns).values())
     helm(sim_cluster, "install", RELEASE, CHART, "-n", ns, "--wait", "--timeout=180s")
-    assert len(_present(sim_cluster, objs, ns)) == len(objs) == 12
+    assert len(_present(sim_cluster, objs, ns)) == len(objs) == 13  # with the dashboard
     wait_crd_established(sim_cluster)
     deploy = json.loads(kubectl(sim_cluster, "-n", ns, "get", "deploy/gangjob-controller",
                                 "-o", "json"))  # fmt: skip
