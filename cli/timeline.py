@@ -42,9 +42,10 @@ class Restart:
     @property
     def label(self) -> str:
         took = "in progress" if self.duration_seconds is None else f"{self.duration_seconds:.1f}s"
-        lost = "" if self.step is None or self.checkpoint_step is None else (
-            f", lost {self.step - self.checkpoint_step} steps"
-        )  # fmt: skip
+        lost = ""
+        if self.step is not None and self.checkpoint_step is not None:
+            steps = self.step - self.checkpoint_step
+            lost = f", lost {steps} step{'' if steps == 1 else 's'}"
         return f"{self.failure_class} ({took}{lost})"
 
 
