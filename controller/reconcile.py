@@ -428,6 +428,10 @@ class Reconciler:
         for d in decided.failures:
             metrics.RESTARTS.labels(str(d.failure_class), str(d.action)).inc()
         metrics.EPOCH.labels(ns, name).set(decided.status.epoch)
+        if decided.status.barrier_epoch is not None:
+            metrics.BARRIER_EPOCH.labels(ns, name).set(decided.status.barrier_epoch)
+        for cond in decided.status.conditions:
+            metrics.CONDITION.labels(ns, name, cond.type).set(1 if cond.status == "True" else 0)
         done = decided.restart_finished
         if done is not None and done.barrier_open_at is not None:
             mode = str(decided.status.mode or job.spec.restart.mode)
