@@ -120,6 +120,23 @@ async def test_summaries_are_batched_and_a_stall_is_one_message(
     assert "no trainer process to ask for stacks" in (run.config.dir / STACKS_FILE).read_text()
 
 
+async def test_the_poll_after_a_step_comes_when_its_stall_would_fall_due(
+    tmp_path: pathlib.Path,
+) -> None:
+    run = Run(tmp_path)  # polls every second, hangSeconds 30
+    t0 = run.clock.now
+    await run.ticks(3, step=1)  # steps 1-3, the last read at t0 + 2
+    tracker = run.monitor.tracker
+    assert tracker.changed_at == t0 + 2  # seen as written: the read came at once
+    assert run.monitor.until_next_poll() == 1.0  # a poll period
+    run.clock.now = t0 + 31.5
+    assert run.monitor.until_next_poll() == 0.5  # the stall's due time, t0 + 32
+    run.clock.now = t0 + 32
+    run.monitor.tick(0, None)
+    assert run.monitor.stalls == 1
+    assert run.monitor.until_next_poll() == 1.0  # stalled: a poll period again
+
+
 async def test_a_new_checkpoint_is_sent_at_once(tmp_path: pathlib.Path, jitter: None) -> None:
     # A failure's lost work counts from the checkpoint: the controller must know the latest one,
     # and checkpoints are rare, so each costs one message.
