@@ -357,7 +357,7 @@ class Manager:
                 pod_job=self._pod_job,
                 accepting=lambda: self.is_leader and self.synced(),
                 on_report=self._on_report,
-                on_stall=self._enqueue,
+                on_news=self._enqueue,
             )
             # A gang of thousands restarts at once: its reports must not overflow the backlog.
             server = HttpServer(app, host, port, backlog=4096)

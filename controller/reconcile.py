@@ -184,6 +184,13 @@ def _report_progress(job: GangJob, decided: Plan) -> None:
         metrics.PROGRESS_STEP.labels(ns, name).set(status.progress.step)
         if status.progress.steps_per_second is not None:
             metrics.STEPS_PER_SECOND.labels(ns, name).set(status.progress.steps_per_second)
+    if job.spec.progress.straggler is not None and status.progress is not None:
+        now = set(status.progress.stragglers or ())
+        metrics.STRAGGLERS.labels(ns, name).set(len(now))
+        was = job.status.progress.stragglers if job.status.progress is not None else None
+        found = len(now - set(was or ()))
+        if found:
+            metrics.STRAGGLERS_FOUND.inc(found)
     if status.goodput is None:
         return
     if status.goodput.ratio is not None:

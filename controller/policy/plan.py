@@ -31,6 +31,7 @@ from controller.policy import (
     restart,
     roles,
     scheduling,
+    straggler,
     stuck,
     success,
 )
@@ -76,6 +77,7 @@ STEPS: Final[tuple[PlanStep, ...]] = (
     lifecycle.suspend,
     mode.choose_mode,
     roles.advance,
+    straggler.find,
     success.complete,
     recreate.delete_recreated,
     failure.classify_failures,

@@ -97,7 +97,7 @@ async def controller(sim_kube: Kube, namespace: str, worker: JsonDict) -> AsyncI
         pod_job=lambda ns, name: JOB if (ns, name) == (namespace, POD) else None,
         accepting=lambda: True,
         on_report=lambda key: None,
-        on_stall=ctl.stalls.append,
+        on_news=ctl.stalls.append,
     )
     runner = web.AppRunner(app)
     await runner.setup()

@@ -5,6 +5,7 @@ and a real `Process`-mode agent whose shell trainer reports to the real endpoint
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import pathlib
@@ -20,7 +21,7 @@ from agent.apiclient import ApiError, HttpClient
 from agent.config import Config, ConfigError
 from agent.direct import progress_body
 from agent.monitor import ProgressMonitor
-from agent.progress import Reading, Summary
+from agent.progress import ComputeWindow, Reading, Summary
 from api.constants import (
     PROGRESS_FILE,
     PROGRESS_PATH,
@@ -297,6 +298,66 @@ def test_the_book_keeps_each_workers_latest_progress() -> None:
     book.forget(NS, "train-0", "u0")
     book.forget(NS, "train-1", "u1")
     assert (book.progress(NS, "train-0"), dict(book.progress_of(job))) == (None, {})
+
+
+def test_a_summarys_compute_window_reaches_the_book_and_folds_into_the_runs(
+    tmp_path: pathlib.Path,
+) -> None:
+    config = make_config(tmp_path, pod_uid="u0")
+    window = ComputeWindow(median=0.5, samples=28, seconds=29.0)
+    posted = parse_progress(progress_body(config, 1, summary(compute_window=window)))
+    held = posted.progress(now=100.0)
+    assert (held.compute_median_seconds, held.compute_samples, held.compute_since) == (
+        0.5, 28, 71.0,
+    )  # fmt: skip
+    book, job = ArrivalBook(), f"{NS}/train"
+    book.record_progress(job, "train-0", held)
+    assert book.progress(NS, "train-0").compute_runs == ((71.0, 0.5),)  # type: ignore[union-attr]
+    slower = ComputeWindow(median=1.0, samples=5, seconds=5.0)
+    posted = parse_progress(progress_body(config, 1, summary(step=20, compute_window=slower)))
+    # Twice the compute: news for the pass (a straggler may begin).
+    assert book.record_progress(job, "train-0", posted.progress(now=110.0)) is True
+    kept = book.progress(NS, "train-0")
+    assert kept is not None
+    assert kept.compute_runs == ((71.0, 0.5), (105.0, 1.0))
+    assert kept.view().compute_runs == kept.compute_runs
+    assert kept.view().compute_median_seconds == 1.0
+    # The next epoch's compute is judged afresh.
+    posted = parse_progress(progress_body(config, 2, summary(step=1, compute_window=slower)))
+    assert book.record_progress(job, "train-0", posted.progress(now=130.0)) is False
+    assert book.progress(NS, "train-0").compute_runs == ((125.0, 1.0),)  # type: ignore[union-attr]
+
+
+def test_an_agent_that_sends_no_window_has_its_latest_compute_stand_for_one() -> None:
+    book, job = ArrivalBook(), f"{NS}/train"
+    first = dataclasses.replace(progress(), compute_seconds=0.5, received_at=20.0)
+    book.record_progress(job, "train-0", first)
+    later = dataclasses.replace(progress(step=9), compute_seconds=0.7, received_at=50.0)
+    book.record_progress(job, "train-0", later)
+    kept = book.progress(NS, "train-0")
+    assert kept is not None
+    assert kept.compute_median_seconds == 0.7
+    assert kept.compute_runs == ((20.0, 0.5), (20.0, 0.7))  # since the summary before it
+
+
+async def test_a_shift_of_the_compute_is_sent_at_once(tmp_path: pathlib.Path) -> None:
+    run = Run(tmp_path, progress_summary_seconds=30.0)
+    for step in range(1, 66):  # summaries at the 1st, 31st and 61st ticks
+        run.file.write_text(f"step={step} compute=0.5\n")
+        await run.ticks(1)
+    before = len(run.sent.summaries)
+    assert run.sent.summaries[-1].compute_window is not None
+    assert run.sent.summaries[-1].compute_window.median == 0.5
+    # The device slows down: the agent says so within a few polls, not a period later (at
+    # most one shift per SHIFT_MIN_SECONDS after the last summary: at the 71st tick).
+    for step in range(66, 76):
+        run.file.write_text(f"step={step} compute=1.0\n")
+        await run.ticks(1)
+    assert len(run.sent.summaries) == before + 1
+    shifted = run.sent.summaries[-1]
+    assert shifted.compute_window is not None
+    assert (shifted.compute_window.median, shifted.compute_window.samples) == (1.0, 5)
+    assert shifted.step == 71
 
 
 # -- a real agent and the real endpoint, in-process ---------------------------------------------
