@@ -319,18 +319,31 @@ class Tracker:
             seconds=round(max(0.0, now - self._computes[0][0]), 3),
         )
 
+    @property
+    def sent_compute(self) -> float | None:
+        """The compute median of the last summary sent (None before one with a window)."""
+        return self._sent_median
+
     def shifted(self) -> bool:
         """Whether the compute moved past `SHIFT_RATIO` of the median last sent, by the median
-        of the latest `SHIFT_SAMPLES` samples. If so, the window starts again at them: what
-        came before the shift says nothing of the worker now."""
+        of the latest `SHIFT_SAMPLES` samples. If so, the window starts again at the first of
+        them past that ratio: what came before the shift says nothing of the worker now, and
+        the window's start is when it began."""
         sent = self._sent_median
         if sent is None or len(self._computes) < SHIFT_SAMPLES:
             return False
-        recent = statistics.median(c for _, c in self._computes[-SHIFT_SAMPLES:])
-        low, high = sorted((sent, recent))
+        recent = self._computes[-SHIFT_SAMPLES:]
+        median = statistics.median(c for _, c in recent)
+        low, high = sorted((sent, median))
         if high < SHIFT_RATIO * low or high <= 0:
             return False
-        del self._computes[:-SHIFT_SAMPLES]
+        slower = median > sent
+
+        def past(c: float) -> bool:
+            return c >= SHIFT_RATIO * sent if slower else c * SHIFT_RATIO <= sent
+
+        first = next(i for i, (_, c) in enumerate(recent) if past(c))
+        del self._computes[: len(self._computes) - SHIFT_SAMPLES + first]
         return True
 
     def due(self, now: float) -> bool:

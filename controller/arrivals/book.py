@@ -218,6 +218,8 @@ class ArrivalBook:
         self._progress: dict[str, dict[str, ProgressReport]] = {}
         """Per GangJob (namespace/name), per pod name: the latest progress."""
         self._progress_job: dict[tuple[str, str], str] = {}
+        self._progress_epoch: dict[str, int] = {}
+        """Per GangJob, the latest epoch a summary came for: the first of an epoch is news."""
         self.closing = False
         """The server is stopping: streams end now (their agents report to the next leader)."""
 
@@ -274,11 +276,14 @@ class ArrivalBook:
                 del of_job[pod], self._progress_job[(namespace, pod)]
                 if not of_job:
                     del self._progress[job]
+                    self._progress_epoch.pop(job, None)
 
     def record_progress(self, job: str, pod: str, progress: ProgressReport) -> bool:
         """Keeps `progress` of pod `pod` (a worker of GangJob `job`, namespace/name) unless it
         is older than the one held, its compute window folded into the run's. True if it is
-        news for the gang's pass: the worker's stall began or ended, or its compute shifted."""
+        news for the gang's pass: the first summary of the job's epoch (from then on the pass
+        looks again every time it writes the progress), the worker's stall began or ended, or
+        its compute shifted."""
         namespace = job.partition("/")[0]
         key = (namespace, pod)
         held_job = self._progress_job.get(key)
@@ -294,7 +299,11 @@ class ArrivalBook:
         # the same worker hanging again at the next epoch is news.
         same_run = held is not None and (held.uid, held.epoch) == (progress.uid, progress.epoch)
         was_stalled = same_run and held is not None and held.stalled_since is not None
-        return was_stalled != (progress.stalled_since is not None) or progress.shifted(held)
+        first = progress.epoch > self._progress_epoch.get(job, -1)
+        if first:
+            self._progress_epoch[job] = progress.epoch
+        stalled = progress.stalled_since is not None
+        return first or was_stalled != stalled or progress.shifted(held)
 
     def progress(self, namespace: str, pod: str) -> ProgressReport | None:
         """The pod's latest progress, if its agent sent any."""

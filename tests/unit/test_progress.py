@@ -270,9 +270,9 @@ def test_a_shift_of_the_compute_is_news_and_restarts_the_window() -> None:
     summary = tracker.summary(now)
     assert summary is not None
     assert summary.compute_window is not None
-    # The window is the latest 5 samples, most of them slow, not the ten before them.
+    # The window starts at the shift: the slow samples, not the fast ones before them.
     assert summary.compute_window.median == 2.0
-    assert summary.compute_window.samples == 5
+    assert summary.compute_window.samples == 3
     tracker.sent(now, summary)
     now = _stepped(tracker, 34, [2.1, 1.9, 2.0, 2.2, 2.0, 1.8], now)
     assert not tracker.shifted()  # jitter around the new median is no shift

@@ -278,10 +278,12 @@ def progress(
 def test_the_book_keeps_each_workers_latest_progress() -> None:
     book, job = ArrivalBook(), f"{NS}/train"
     assert book.progress(NS, "train-0") is None
-    assert book.record_progress(job, "train-0", progress()) is False
+    # The job's first summary of an epoch is news: the pass that writes the progress then looks
+    # again every time it writes it. The others of the epoch are not.
+    assert book.record_progress(job, "train-0", progress()) is True
     assert book.record_progress(job, "train-1", progress(uid="u1", step=4)) is False
     assert book.progress_of(job) == {"train-0": progress(), "train-1": progress(uid="u1", step=4)}
-    # Only a stall's beginning and end are news for the controller's pass.
+    # Then only a stall's beginning and end are news for the controller's pass.
     assert book.record_progress(job, "train-0", progress(step=6, stalled=True)) is True
     assert book.record_progress(job, "train-0", progress(step=6, stalled=True)) is False
     assert book.record_progress(job, "train-0", progress(step=7)) is True
@@ -324,7 +326,7 @@ def test_a_summarys_compute_window_reaches_the_book_and_folds_into_the_runs(
     assert kept.view().compute_median_seconds == 1.0
     # The next epoch's compute is judged afresh.
     posted = parse_progress(progress_body(config, 2, summary(step=1, compute_window=slower)))
-    assert book.record_progress(job, "train-0", posted.progress(now=130.0)) is False
+    assert book.record_progress(job, "train-0", posted.progress(now=130.0)) is True  # its first
     assert book.progress(NS, "train-0").compute_runs == ((125.0, 1.0),)  # type: ignore[union-attr]
 
 
@@ -408,7 +410,8 @@ async def test_a_trainers_progress_and_its_stall_reach_the_book(
             assert held.trainer_state == "S"  # `sleep`, as the agent started it
             assert agent.progress is not None
             assert agent.progress.stalls == 1
-            assert ctl.stalls == [f"{NS}/train"]  # one message, one pass
+            # One pass for the epoch's first summary, one for the stall's one message.
+            assert ctl.stalls == [f"{NS}/train"] * 2
         finally:
             agent.stop()
             await asyncio.wait_for(task, 30)
