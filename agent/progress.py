@@ -326,14 +326,16 @@ class Tracker:
 
     def shifted(self) -> bool:
         """Whether the compute moved past `SHIFT_RATIO` of the median last sent, by the median
-        of the latest `SHIFT_SAMPLES` samples. If so, the window starts again at the first of
-        them past that ratio: what came before the shift says nothing of the worker now, and
-        the window's start is when it began."""
+        of the latest `SHIFT_SAMPLES` samples. If so, the window starts again where the shift
+        began: at the longest run of latest samples whose median is past that ratio, from the
+        first of them past it. What came before says nothing of the worker now, and the
+        window's start is when the shift began, though it may be told a while later (not
+        sooner than `SHIFT_MIN_SECONDS` after the previous summary)."""
         sent = self._sent_median
         if sent is None or len(self._computes) < SHIFT_SAMPLES:
             return False
-        recent = self._computes[-SHIFT_SAMPLES:]
-        median = statistics.median(c for _, c in recent)
+        samples = [c for _, c in self._computes]
+        median = statistics.median(samples[-SHIFT_SAMPLES:])
         low, high = sorted((sent, median))
         if high < SHIFT_RATIO * low or high <= 0:
             return False
@@ -342,8 +344,15 @@ class Tracker:
         def past(c: float) -> bool:
             return c >= SHIFT_RATIO * sent if slower else c * SHIFT_RATIO <= sent
 
-        first = next(i for i, (_, c) in enumerate(recent) if past(c))
-        del self._computes[: len(self._computes) - SHIFT_SAMPLES + first]
+        start = next(
+            (
+                i
+                for i in range(len(samples))
+                if past(samples[i]) and past(statistics.median(samples[i:]))
+            ),
+            len(samples) - SHIFT_SAMPLES,
+        )
+        del self._computes[:start]
         return True
 
     def due(self, now: float) -> bool:

@@ -167,6 +167,8 @@ class StragglerTracker(JobTracker):
         super().__init__(kube, ns, name)
         self.listed_at: dict[int, float] = {}
         """Rank -> when it was first seen listed (the benchmark clears it before each rep)."""
+        self.victims: set[int] = set()
+        """The ranks whose device the benchmark slowed: expected in the list."""
         self.rates: list[tuple[float, int, float | None]] = []
         """(seen at, epoch, stepsPerSecond) of each new `status.progress` write."""
         self._written: Any = None
@@ -233,8 +235,10 @@ async def degrade_once(
     name = next(p for p, pod in w.s.pods.items() if pod["spec"].get("nodeName") == victim)
     rank = int(w.s.pods[name]["metadata"]["labels"][LABEL_RANK])
     old_uid = w.s.pods[name]["metadata"]["uid"]
-    others_before = sorted(tracker.listed_at)
+    # Named while the gang was healthy (an earlier rep's straggler is no news).
+    others_before = set(tracker.listed_at) - tracker.victims
     tracker.listed_at.clear()
+    tracker.victims.add(rank)
     t0 = time.monotonic()
     w.s.degrade(victim, args.slow)
     await asyncio.sleep(3.0)
@@ -259,7 +263,7 @@ async def degrade_once(
     )  # fmt: skip
     after = tracker.rate_after(epoch + 1, settled)
     last = tracker.status.get("lastRestart") or {}
-    others = sorted(set(others_before) | (set(tracker.listed_at) - {rank}))
+    others = sorted(others_before | (set(tracker.listed_at) - tracker.victims))
     row = {
         "rep": rep,
         "victim": name,

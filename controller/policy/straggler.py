@@ -149,7 +149,8 @@ def judge(
         spread = MAD_SCALE * statistics.median(abs(m - baseline) for m in medians if m is not None)
         enter = max(spec.ratio * baseline, baseline + SPREAD_MADS * spread)
         stay = baseline + STAY_SHARE * (enter - baseline)
-        for worker, p in sorted(computes.items()):
+        for worker in sorted(computes):
+            p = computes[worker]
             compute = p.compute_median_seconds
             assert compute is not None
             threshold = stay if worker in current else enter

@@ -300,3 +300,19 @@ def test_no_shift_before_a_median_was_sent() -> None:
     tracker = Tracker(HANG)
     _stepped(tracker, 1, [1.0] * 10 + [3.0] * 10, 0.0)
     assert not tracker.shifted()
+
+
+def test_a_shift_told_late_starts_its_window_where_it_began() -> None:
+    # The agent may tell a shift only SHIFT_MIN_SECONDS after its previous summary: the window
+    # still starts at the slowdown, not at the samples that made it news.
+    tracker = Tracker(HANG)
+    now = _stepped(tracker, 1, [1.0] * 10, 0.0)
+    first = tracker.summary(now)
+    assert first is not None
+    tracker.sent(now, first)
+    now = _stepped(tracker, 11, [1.0, 1.1, 2.0, 2.1, 0.9, 2.0, 1.9, 2.2, 2.0, 2.1], now)
+    assert tracker.shifted()
+    window = tracker.compute_window(now)
+    assert window is not None
+    # From the first slow sample on (one healthy-looking step among them moves no median).
+    assert (window.samples, window.median) == (8, 2.0)
