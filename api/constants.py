@@ -135,6 +135,14 @@ HISTORY_LIMIT: Final = 10
 AVOID_NODES_LIMIT: Final = 64
 """`status.avoidNodes` keeps the last this many nodes (the CRD rejects more): the status, and
 the affinity of every pod created, must stay small."""
+TAINT_SUSPECT: Final = "gangjob.io/suspect"
+"""The NoSchedule taint of a node that keeps failing gangs (`--quarantine-nodes`); its value is
+the class of most of its failures."""
+ANNOTATION_SUSPECT_UNTIL: Final = "gangjob.io/suspect-until"
+"""On a suspect node: when its taint expires (RFC 3339), and the controller lifts it."""
+ANNOTATION_SUSPECT_CLEARED: Final = "gangjob.io/suspect-cleared-until"
+"""On a node whose suspect taint someone took off before it expired: it is not tainted again
+until then (RFC 3339)."""
 STRAGGLERS_LIMIT: Final = 64
 """`status.progress.stragglers` lists at most this many ranks (the lowest; the `Stragglers`
 condition counts them all): every agent receives every GangJob write."""
@@ -294,6 +302,12 @@ REASON_PROGRESSING: Final = "Progressing"
 REASON_ARRIVAL_UNREACHABLE: Final = "ArrivalEndpointUnreachable"
 REASON_ARRIVALS_DIRECT: Final = "ArrivalsDirect"
 """ArrivalDegraded False: the workers arrived at the current epoch through the endpoint."""
+REASON_NODE_SUSPECT: Final = "NodeSuspect"
+"""On a Node: it was tainted `TAINT_SUSPECT` (`--quarantine-nodes`)."""
+REASON_NODE_SUSPECT_LIFTED: Final = "NodeSuspectLifted"
+"""On a Node: its suspect taint expired and was taken off."""
+REASON_NODE_SUSPECT_CLEARED: Final = "NodeSuspectCleared"
+"""On a Node: someone took its suspect taint off before it expired; it stays untainted."""
 REASON_STRAGGLER: Final = "Straggler"
 """The Warning Event naming a worker found straggling, its pod and its node."""
 REASON_STRAGGLERS_FOUND: Final = "StragglersFound"

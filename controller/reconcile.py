@@ -57,6 +57,7 @@ from controller.policy.plan import (
 )
 from controller.policy.stuck import service_accounts
 from controller.policy.views import NodeView, PodView
+from controller.quarantine import Quarantine
 from controller.runtime import metrics, tracing
 from controller.runtime.clock import utcnow
 from controller.workeraccess import (
@@ -245,6 +246,7 @@ class Reconciler:
         progress_interval: float = 1.0,
         arrivals: ArrivalBook | None = None,
         access: AccessReview | None = None,
+        quarantine: Quarantine | None = None,
     ) -> None:
         self.kube = kube
         self.caches = caches
@@ -266,6 +268,8 @@ class Reconciler:
         self._node_views = Views(NodeView.from_node, caches.nodes, slack=100)
         # What the workers' agents may do, by SubjectAccessReview; None: not checked.
         self.access = access
+        # `--quarantine-nodes`: the nodes each stored restart struck; None: off.
+        self.quarantine = quarantine
         # Job key -> the apiserver's answer to its last refused worker pod creation, until one
         # is created: plan says it on the GangJob (controller.policy.stuck).
         self._refused: dict[str, str] = {}
@@ -434,6 +438,8 @@ class Reconciler:
         ns, name = job.metadata.namespace, job.metadata.name
         for d in decided.failures:
             metrics.RESTARTS.labels(str(d.failure_class), str(d.action)).inc()
+        if self.quarantine is not None and decided.failures:
+            self.quarantine.record(f"{ns}/{name}", decided)
         metrics.EPOCH.labels(ns, name).set(decided.status.epoch)
         done = decided.restart_finished
         if done is not None and done.barrier_open_at is not None:
