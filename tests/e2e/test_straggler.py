@@ -109,7 +109,8 @@ async def test_a_rule_acts_on_the_straggler_and_the_job_goes_on(
     await node_kube.create(GANGJOBS, gangjob("act", "Process", rules), ns)
     job = await watch_job(
         node_kube, ns, "act",
-        lambda j: j["status"].get("barrierEpoch") == 1 and j["status"].get("epoch") == 1,
+        lambda j: (j.get("status") or {}).get("barrierEpoch") == 1
+        and j["status"].get("epoch") == 1,
         timeout=SLOW_FROM + 150, what="restarted at epoch 1 for the straggler",
     )  # fmt: skip
     last = job["status"]["lastRestart"]
