@@ -93,6 +93,7 @@ def progress_body(config: Config, epoch: int, summary: Summary) -> JsonDict:
             "step": summary.step,
             "checkpoint": summary.checkpoint,
             "computeSeconds": summary.compute,
+            **_compute_window(summary),
             "stepsPerSecond": summary.steps_per_second,
             "idleSeconds": round(summary.idle_seconds, 3),
             "stalled": summary.stalled,
@@ -101,6 +102,17 @@ def progress_body(config: Config, epoch: int, summary: Summary) -> JsonDict:
             if summary.trainer_state is None
             else {"state": summary.trainer_state, "cpuSeconds": summary.trainer_cpu_seconds},
         },
+    }
+
+
+def _compute_window(summary: Summary) -> JsonDict:
+    window = summary.compute_window
+    if window is None:
+        return {}
+    return {
+        "computeMedianSeconds": window.median,
+        "computeSamples": window.samples,
+        "computeWindowSeconds": window.seconds,
     }
 
 

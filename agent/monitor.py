@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Final
 
 from agent.config import Config
-from agent.progress import ProgressFiles, Summary, Tracker
+from agent.progress import SHIFT_MIN_SECONDS, ProgressFiles, Summary, Tracker
 from api.constants import (
     ENV_PROGRESS,
     ENV_PYTHONPATH,
@@ -203,6 +203,8 @@ class ProgressMonitor:
         self.files = ProgressFiles(self.directory, Path(PROGRESS_FILE).name)
         self.stalls = 0
         """Stalls detected since the agent started (for tests)."""
+        self.summaries = 0
+        """Summaries the controller took since the agent started (for tests)."""
         self._task: asyncio.Task[None] | None = None
         self._sent: Summary | None = None
         self._sent_at = 0.0
@@ -332,8 +334,17 @@ class ProgressMonitor:
             and (self._sent is None or self._sent.checkpoint != reading.checkpoint)
         )
         news = stall_news or checkpoint_news
-        due = now - self._sent_at >= self.config.progress_summary_seconds
-        if self._sending is not None or now < self._retry_at or not (due or news):
+        since = now - self._sent_at
+        due = since >= self.config.progress_summary_seconds
+        if self._sending is not None or now < self._retry_at:
+            return
+        # A shift of the compute goes early too (a worker slowing down is found a forSeconds
+        # after it began, not a period later), at most every SHIFT_MIN_SECONDS.
+        if not (due or news) and since >= min(
+            SHIFT_MIN_SECONDS, self.config.progress_summary_seconds
+        ):
+            news = self.tracker.shifted()
+        if not (due or news):
             return
         summary = self.tracker.summary(now)
         if summary is None or summary.same(self._sent):
@@ -352,8 +363,9 @@ class ProgressMonitor:
         try:
             ok = True if self._send is None else await self._send(epoch, summary)
             if ok:
+                self.summaries += 1
                 self._sent = summary
-                self.tracker.sent(made_at, summary.step)
+                self.tracker.sent(made_at, summary)
             else:
                 self._retry_at = self._clock() + self.config.progress_summary_seconds
             return ok

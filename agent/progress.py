@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
+
+from api.constants import COMPUTE_SHIFT_RATIO
 
 TAIL_BYTES = 4096
 """At most this much of a progress file is read per poll (its end): a trainer that appends
@@ -206,6 +209,32 @@ class ProgressFiles:
         return bool(dot) and prefix == self.name and rank.isascii() and rank.isdigit()
 
 
+COMPUTE_SAMPLES_KEPT = 1024
+"""At most this many compute samples make one summary's window (the latest): a poll takes one
+at most, so a window of a summary period of up to 17 minutes keeps them all."""
+SHIFT_SAMPLES = 5
+"""A shift of the compute is judged on the median of this many latest samples: one slow step
+(a checkpoint, a data-loader hiccup) is no shift."""
+SHIFT_RATIO = COMPUTE_SHIFT_RATIO
+"""The compute shifted when that median is this many times the median last sent, or a
+1/this of it: a worker slowing down (or recovering) says so at once, not a period later."""
+SHIFT_MIN_SECONDS = 10.0
+"""A shift is sent no sooner than this after the previous summary: a compute that swings back
+and forth costs the controller at most one summary per this many seconds from the worker."""
+
+
+@dataclass(frozen=True)
+class ComputeWindow:
+    """The trainer's compute over one summary's window (docs/progress.md): the median of the
+    samples the agent took, one per poll at which the step had changed (the compute of the
+    step reached), since its previous summary, or since the compute shifted."""
+
+    median: float
+    samples: int
+    seconds: float
+    """How long before the summary the window's first sample was taken."""
+
+
 @dataclass(frozen=True)
 class Summary:
     """One epoch's progress as the agent sends it: the worker's `Reading`, the steps per second
@@ -224,6 +253,8 @@ class Summary:
     malformed: int
     trainer_state: str | None = None
     trainer_cpu_seconds: float | None = None
+    compute_window: ComputeWindow | None = None
+    """The compute's median over the window since the previous summary (None: no sample)."""
 
     def same(self, other: Summary | None) -> bool:
         """Says nothing new beside `other` (the time-dependent figures aside)."""
@@ -233,7 +264,15 @@ class Summary:
             self.compute,
             self.stalled,
             self.malformed,
-        ) == (other.step, other.checkpoint, other.compute, other.stalled, other.malformed)
+            self.compute_window is None,
+        ) == (
+            other.step,
+            other.checkpoint,
+            other.compute,
+            other.stalled,
+            other.malformed,
+            other.compute_window is None,
+        )
 
 
 class Tracker:
@@ -242,7 +281,11 @@ class Tracker:
 
     A stall: `hang_seconds` (None: never) passed since the step last changed, while the trainer
     runs, after its first report of the epoch. A trainer that never reported is never stalled.
-    A step that goes back (a trainer resuming from its checkpoint) is a change too."""
+    A step that goes back (a trainer resuming from its checkpoint) is a change too.
+
+    The compute: at each poll at which the step changed, the compute of the step reached is a
+    sample; a summary carries the median of the samples since the previous one (its window),
+    so that one slow step is not what the controller judges a worker by (docs/progress.md)."""
 
     def __init__(self, hang_seconds: float | None) -> None:
         self.hang_seconds = hang_seconds if hang_seconds else None
@@ -254,6 +297,9 @@ class Tracker:
         """The last change of the step, while the worker is stalled."""
         self._window: tuple[float, int] | None = None
         self._rate: float | None = None
+        self._computes: list[tuple[float, float]] = []
+        """(when, compute) samples of the window not yet sent."""
+        self._sent_median: float | None = None
 
     def observe(
         self, now: float, reading: Reading | None, malformed: int = 0, ago: float = 0.0
@@ -268,7 +314,57 @@ class Tracker:
             self.stalled_since = None
             if self._window is None:
                 self._window = (now, reading.step)
+            if reading.compute is not None:
+                self._computes.append((now, reading.compute))
+                if len(self._computes) > COMPUTE_SAMPLES_KEPT:
+                    del self._computes[0]
         self.reading = reading
+
+    def compute_window(self, now: float) -> ComputeWindow | None:
+        """The window's compute so far; None without a sample."""
+        if not self._computes:
+            return None
+        return ComputeWindow(
+            median=round(statistics.median(c for _, c in self._computes), 6),
+            samples=len(self._computes),
+            seconds=round(max(0.0, now - self._computes[0][0]), 3),
+        )
+
+    @property
+    def sent_compute(self) -> float | None:
+        """The compute median of the last summary sent (None before one with a window)."""
+        return self._sent_median
+
+    def shifted(self) -> bool:
+        """Whether the compute moved past `SHIFT_RATIO` of the median last sent, by the median
+        of the latest `SHIFT_SAMPLES` samples. If so, the window starts again where the shift
+        began: at the longest run of latest samples whose median is past that ratio, from the
+        first of them past it. What came before says nothing of the worker now, and the
+        window's start is when the shift began, though it may be told a while later (not
+        sooner than `SHIFT_MIN_SECONDS` after the previous summary)."""
+        sent = self._sent_median
+        if sent is None or len(self._computes) < SHIFT_SAMPLES:
+            return False
+        samples = [c for _, c in self._computes]
+        median = statistics.median(samples[-SHIFT_SAMPLES:])
+        low, high = sorted((sent, median))
+        if high < SHIFT_RATIO * low or high <= 0:
+            return False
+        slower = median > sent
+
+        def past(c: float) -> bool:
+            return c >= SHIFT_RATIO * sent if slower else c * SHIFT_RATIO <= sent
+
+        start = next(
+            (
+                i
+                for i in range(len(samples))
+                if past(samples[i]) and past(statistics.median(samples[i:]))
+            ),
+            len(samples) - SHIFT_SAMPLES,
+        )
+        del self._computes[:start]
+        return True
 
     def due(self, now: float) -> bool:
         """Whether a stall begins now if the trainer runs."""
@@ -307,9 +403,13 @@ class Tracker:
             idle_seconds=max(0.0, now - changed_at),
             stalled=self.stalled_since is not None,
             malformed=self.malformed,
+            compute_window=self.compute_window(now),
         )
 
-    def sent(self, at: float, step: int) -> None:
-        """The summary made at `at`, at `step`, reached the controller: the next rate starts
-        there."""
-        self._window = (at, step)
+    def sent(self, at: float, summary: Summary) -> None:
+        """`summary`, made at `at`, reached the controller: the next rate starts there, and the
+        next compute window after its samples."""
+        self._window = (at, summary.step)
+        if summary.compute_window is not None:
+            self._sent_median = summary.compute_window.median
+            self._computes = [(t, c) for t, c in self._computes if t > at]

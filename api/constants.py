@@ -135,6 +135,17 @@ HISTORY_LIMIT: Final = 10
 AVOID_NODES_LIMIT: Final = 64
 """`status.avoidNodes` keeps the last this many nodes (the CRD rejects more): the status, and
 the affinity of every pod created, must stay small."""
+TAINT_SUSPECT: Final = "gangjob.io/suspect"
+"""The NoSchedule taint of a node that keeps failing gangs (`--quarantine-nodes`); its value is
+the class of most of its failures."""
+ANNOTATION_SUSPECT_UNTIL: Final = "gangjob.io/suspect-until"
+"""On a suspect node: when its taint expires (RFC 3339), and the controller lifts it."""
+ANNOTATION_SUSPECT_CLEARED: Final = "gangjob.io/suspect-cleared-until"
+"""On a node whose suspect taint someone took off before it expired: it is not tainted again
+until then (RFC 3339)."""
+STRAGGLERS_LIMIT: Final = 64
+"""`status.progress.stragglers` lists at most this many ranks (the lowest; the `Stragglers`
+condition counts them all): every agent receives every GangJob write."""
 
 # Environment of every worker container.
 ENV_MASTER_ADDR: Final = "MASTER_ADDR"
@@ -184,6 +195,10 @@ class ConditionType(StrEnum):
     ARRIVAL_DEGRADED = "ArrivalDegraded"
     """True: agents arrive by pod annotation although the controller serves the arrival
     endpoint: they cannot reach it."""
+    STRAGGLERS = "Stragglers"
+    """True: workers whose compute per step runs `spec.progress.straggler.ratio` times their
+    role's median (controller/policy/straggler.py); the message names them, their pods and
+    nodes."""
 
 
 POD_CONDITION_TYPES: Final = (
@@ -298,6 +313,18 @@ REASON_PROGRESSING: Final = "Progressing"
 REASON_ARRIVAL_UNREACHABLE: Final = "ArrivalEndpointUnreachable"
 REASON_ARRIVALS_DIRECT: Final = "ArrivalsDirect"
 """ArrivalDegraded False: the workers arrived at the current epoch through the endpoint."""
+REASON_NODE_SUSPECT: Final = "NodeSuspect"
+"""On a Node: it was tainted `TAINT_SUSPECT` (`--quarantine-nodes`)."""
+REASON_NODE_SUSPECT_LIFTED: Final = "NodeSuspectLifted"
+"""On a Node: its suspect taint expired and was taken off."""
+REASON_NODE_SUSPECT_CLEARED: Final = "NodeSuspectCleared"
+"""On a Node: someone took its suspect taint off before it expired; it stays untainted."""
+REASON_STRAGGLER: Final = "Straggler"
+"""The Warning Event naming a worker found straggling, its pod and its node."""
+REASON_STRAGGLERS_FOUND: Final = "StragglersFound"
+"""Stragglers True."""
+REASON_NO_STRAGGLERS: Final = "NoStragglers"
+"""Stragglers False: the workers found straggling were recreated, restarted or caught up."""
 
 
 # --- the agent's contract with the pod builder -------------------------------------------------
@@ -330,6 +357,10 @@ ENV_PROGRESS_SUMMARY_SECONDS: Final = "GANGJOB_PROGRESS_SUMMARY_SECONDS"
 cost the controller N / period requests a second."""
 DEFAULT_PROGRESS_SUMMARY_SECONDS: Final = 30.0
 """As often as the controller writes a job's progress into its status, at most."""
+COMPUTE_SHIFT_RATIO: Final = 1.25
+"""A worker's compute shifted when its median moved by this factor, up or down: the agent
+sends its summary at once, and the controller, which reads a summary alone as no news, looks
+at the gang (a straggler may begin or end) (docs/progress.md)."""
 ENV_PYTHONPATH: Final = "PYTHONPATH"
 """Where the agent starts the trainer, `$GANGJOB_DIR/python` goes first on it, so that the
 trainer can `import gangjob_progress`."""

@@ -34,6 +34,7 @@ class FailureClass(StrEnum):
     POD_FAILED = "PodFailed"
     POD_DELETED = "PodDeleted"
     BARRIER_TIMEOUT = "BarrierTimeout"
+    STRAGGLER = "Straggler"
     MANUAL_RESTART = "ManualRestart"
 
 
@@ -51,6 +52,9 @@ class ClassMeaning:
     user's budget by default, and a process that died with it is explained by it."""
     summary: str
     """The signal, for the docs and for humans."""
+    avoids_node: bool = False
+    """A worker recreated for it keeps off its node from then on (`status.avoidNodes`): the
+    node's device failed, or runs slow, and would fail or slow the new worker too."""
 
 
 FAILURE_CLASSES: Final[Mapping[FailureClass, ClassMeaning]] = {
@@ -69,6 +73,7 @@ FAILURE_CLASSES: Final[Mapping[FailureClass, ClassMeaning]] = {
         infrastructure=True,
         summary="a device of the worker is Unhealthy, its node's allocatable is below "
         "capacity, a listed node condition holds, or the device taint manager evicted it",
+        avoids_node=True,
     ),
     FailureClass.DISRUPTION: ClassMeaning(
         FailureAction.RECREATE_WORKER,
@@ -124,6 +129,17 @@ FAILURE_CLASSES: Final[Mapping[FailureClass, ClassMeaning]] = {
         counted=False,
         infrastructure=True,
         summary="the worker did not arrive within spec.restart.barrierTimeoutSeconds",
+    ),
+    # After every class a pod or node shows: a slow worker that also crashed or lost its node
+    # is explained by that. Report-only unless a rule acts: the Event, the `Stragglers`
+    # condition and status.progress.stragglers say it whatever the action.
+    FailureClass.STRAGGLER: ClassMeaning(
+        FailureAction.IGNORE,
+        counted=False,
+        infrastructure=False,
+        summary="the worker's compute per step has been at least spec.progress.straggler.ratio "
+        "times its role's median for forSeconds (reported only, unless a rule acts on it)",
+        avoids_node=True,
     ),
     FailureClass.MANUAL_RESTART: ClassMeaning(
         FailureAction.RESTART_GANG,

@@ -193,6 +193,12 @@ _CONDITION_ROWS: Final = [
         "worker)",
         "`ArrivalEndpointUnreachable`; False: `ArrivalsDirect`",
     ),
+    (
+        "`Stragglers`",
+        "workers straggle (`spec.progress.straggler`): the message names them, their pods and "
+        "nodes, each with its compute against its role's median",
+        "`StragglersFound`; False: `NoStragglers`",
+    ),
 ]
 
 CONDITIONS: Final = (
@@ -288,6 +294,46 @@ never reports is never hung. Each agent sends the controller a summary at most e
 message at once for a stall), never an apiserver write; `status.progress` is written at most
 every 30 s and at each restart. The sample [`train.py`](../manifests/samples/ddp/train.py)
 reports through the helper; the whole contract: [progress.md](progress.md).
+"""
+
+
+STRAGGLERS_GUIDE: Final = """
+## Stragglers
+
+In synchronous training every worker shows the step time of the slowest (each waits for it),
+so a slow device, a throttled GPU or a degraded link slows the whole gang and no step rate says
+where. With `spec.progress.straggler` set (`{}` takes the defaults, `ratio: 1.5` and
+`forSeconds: 120`) the controller compares each worker's own compute per step, the `compute=`
+its trainer reports (Progress), with its role's:
+
+- each agent summarises its trainer's compute over the time since its previous summary by the
+  median of its samples (one per second at most), so a checkpoint step or a data-loader hiccup
+  moves nothing; a shift of the compute by a quarter goes to the controller at once;
+- a worker is slow when that median is at least `ratio` times its role's median and beyond 3
+  median absolute deviations of it (a role whose workers differ widely needs more than the
+  ratio); the median is the majority's, so a gang that slows down as a whole has no straggler;
+- it is a straggler when every summary it sent over the last `forSeconds` was slow, and stays
+  one until it is back halfway to the median. A role needs at least 3 workers that report
+  compute; only a running epoch is judged, afresh after each restart.
+
+A straggler gets a Warning Event `Straggler` naming the worker, its pod and node, its compute
+and how many times the median it is; the condition `Stragglers`; its rank in
+`status.progress.stragglers`; and counts in `gangjob_stragglers{namespace,name}` and
+`gangjob_stragglers_found_total`. Nothing else happens unless a failure-policy rule acts on the
+class `Straggler`, whose default action is `Ignore`:
+
+```yaml
+spec:
+  progress:
+    straggler: {ratio: 1.5, forSeconds: 120}
+  failurePolicy:
+    rules:
+    - onFailureClasses: [Straggler]
+      action: RecreateWorker   # the straggler is recreated off its node, the rest restart in place
+```
+
+`RecreateWorker` puts the straggler's node on `status.avoidNodes`, as a device failure does; not
+counted against `maxRestarts` unless the rule sets `countsTowardsMaxRestarts: true`.
 """
 
 
@@ -479,6 +525,7 @@ def render() -> str:
     out.append(_failure_classes())
     out.append(WORKER_ENVIRONMENT)
     out.append(PROGRESS_GUIDE)
+    out.append(STRAGGLERS_GUIDE)
     out.append(GOODPUT_GUIDE)
     return "".join(out)
 

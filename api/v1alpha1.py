@@ -48,6 +48,7 @@ from api.constants import (
     NODE_CONDITION_TYPES,
     NPROC_AUTO,
     POD_CONDITION_TYPES,
+    STRAGGLERS_LIMIT,
 )
 from api.constants import FailureAction as FailureAction  # the models' enums, re-exported
 from api.constants import RestartMode as RestartMode
@@ -407,6 +408,28 @@ class RestartSpec(_Model):
     )
 
 
+class StragglerSpec(_Model):
+    """When a worker is a straggler: its own compute per step (the trainers' `compute=`) at
+    least `ratio` times the median of its role's workers, for `forSeconds` (docs/api.md
+    "Stragglers")."""
+
+    ratio: float = Field(
+        default=1.5,
+        ge=1.1,
+        le=100,
+        description="A worker whose compute per step is at least this many times its role's "
+        "median (and beyond the role's spread: 3 median absolute deviations) is slow.",
+    )
+    for_seconds: int = Field(
+        default=120,
+        ge=10,
+        le=86400,
+        description="How long a worker must have been slow, in every summary its agent sent "
+        "over that time, to be a straggler: a checkpoint, a data-loader hiccup or jitter "
+        "is not one.",
+    )
+
+
 class ProgressSpec(_Model):
     """What the controller does with the training progress the trainers report (docs/api.md
     "Progress"): a trainer reports by writing `step=<n>` lines to `$GANGJOB_PROGRESS`."""
@@ -419,6 +442,14 @@ class ProgressSpec(_Model):
         "trainer runs, after its first report of the epoch and once the epoch's barrier is "
         "open, has failed with class `Hang` (by default the gang restarts in place, counted). "
         "A trainer that never reports is never hung. Unset: hangs are not detected.",
+    )
+    straggler: StragglerSpec | None = Field(
+        default=None,
+        description="Straggler detection from the `compute=` the trainers report: a straggler "
+        "gets a Warning Event `Straggler`, the `Stragglers` condition and a place in "
+        "`status.progress.stragglers`, and nothing else unless a failure-policy rule acts on "
+        "class `Straggler` (e.g. `RecreateWorker`: the worker is recreated off its node). "
+        "Unset: stragglers are not detected.",
     )
 
 
@@ -1520,6 +1551,13 @@ class ProgressStatus(_Model):
     reporting: int = Field(
         default=0, ge=0, description="Workers whose trainer reported progress at the epoch."
     )
+    stragglers: list[Annotated[int, Field(ge=0)]] | None = Field(
+        default=None,
+        max_length=STRAGGLERS_LIMIT,
+        description="The ranks of the workers found straggling at the epoch (see "
+        f"`spec.progress.straggler`), the lowest {STRAGGLERS_LIMIT}; unset: none.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
     malformed_lines: int = Field(
         default=0,
         ge=0,
@@ -1582,7 +1620,7 @@ class Condition(_Model):
         max_length=316,
         pattern=_CONDITION_TYPE_PATTERN,
         description="Type of the condition: Ready, Restarting, Succeeded, Failed, Suspended, "
-        "ModeDegraded, GangScheduling, Stuck, ArrivalDegraded (see Conditions).",
+        "ModeDegraded, GangScheduling, Stuck, ArrivalDegraded, Stragglers (see Conditions).",
     )
     status: ConditionStatus = Field(description="Status of the condition.")
     observed_generation: int | None = Field(
@@ -1658,7 +1696,7 @@ class GangJobStatus(_Model):
     conditions: list[Condition] = Field(
         default_factory=list,
         description="Ready, Restarting, Succeeded, Failed, Suspended, ModeDegraded, "
-        "GangScheduling, Stuck, ArrivalDegraded (see Conditions).",
+        "GangScheduling, Stuck, ArrivalDegraded, Stragglers (see Conditions).",
         json_schema_extra={
             "x-kubernetes-list-type": "map",
             "x-kubernetes-list-map-keys": ["type"],

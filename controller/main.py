@@ -15,6 +15,7 @@ from typing import Any
 
 from controller.k8s import Kube
 from controller.manager import Manager, Settings, default_identity
+from controller.policy.quarantine import QuarantineConfig
 from controller.runtime import tracing
 
 
@@ -83,6 +84,42 @@ def parser() -> argparse.ArgumentParser:
         help="a gang whose barrier waits this long for some worker is marked Stuck "
         "(BarrierStalled), naming who has not arrived (default 120)",
     )
+    q = QuarantineConfig()
+    p.add_argument(
+        "--quarantine-nodes",
+        action="store_true",
+        help="taint gangjob.io/suspect=<class>:NoSchedule a node on which the controller "
+        "restarted or moved workers for a Hang, a Straggler, a device failure or a crash with "
+        "a node condition --quarantine-threshold times within --quarantine-window-seconds, "
+        "for --quarantine-seconds (needs `patch` on nodes: the chart's and kustomize's "
+        "quarantine option)",
+    )
+    p.add_argument(
+        "--quarantine-threshold",
+        type=int,
+        default=q.threshold,
+        help=f"strikes that make a node suspect (default {q.threshold})",
+    )
+    p.add_argument(
+        "--quarantine-window-seconds",
+        type=float,
+        default=q.window_seconds,
+        help=f"how long a strike counts, and a node an admin untainted stays so (default "
+        f"{q.window_seconds:g})",
+    )
+    p.add_argument(
+        "--quarantine-seconds",
+        type=float,
+        default=q.taint_seconds,
+        help=f"how long a suspect node keeps its taint (default {q.taint_seconds:g})",
+    )
+    p.add_argument(
+        "--quarantine-max-share",
+        type=float,
+        default=q.max_share,
+        help=f"at most this share of the nodes suspect at once, rounded down (default "
+        f"{q.max_share:g})",
+    )
     return p
 
 
@@ -128,6 +165,14 @@ async def run(args: argparse.Namespace) -> int:
         arrival_url=args.arrival_url or None,
         own_pod=_own_pod(),
         barrier_stall_seconds=args.barrier_stall_seconds,
+        quarantine=QuarantineConfig(
+            threshold=args.quarantine_threshold,
+            window_seconds=args.quarantine_window_seconds,
+            taint_seconds=args.quarantine_seconds,
+            max_share=args.quarantine_max_share,
+        )
+        if args.quarantine_nodes
+        else None,
     )
     kube = await Kube.connect(args.kubeconfig)
     manager = Manager(kube, settings)

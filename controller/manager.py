@@ -54,6 +54,8 @@ from controller.k8s.store import (
 from controller.k8s.transforms import strip_managed_fields, trim_node, trim_pod
 from controller.policy import scheduling
 from controller.policy.plan import PlanConfig
+from controller.policy.quarantine import QuarantineConfig
+from controller.quarantine import Quarantine
 from controller.reconcile import Caches, Outcome, Reconciler
 from controller.runtime import collector, metrics
 from controller.runtime.httpserver import HttpServer
@@ -110,6 +112,8 @@ class Settings:
     while this replica leads."""
     barrier_stall_seconds: float = 120.0
     """A barrier short of workers this long makes the gang `Stuck` (`PlanConfig`)."""
+    quarantine: QuarantineConfig | None = None
+    """`--quarantine-nodes` and its settings (controller.quarantine); None: off."""
 
     def __post_init__(self) -> None:
         if not self.identity:
@@ -143,6 +147,11 @@ class Manager:
             kube, SERVICES, namespace=ns, label_selector=LABEL_NAME, transform=strip_managed_fields
         )
         self.arrivals = ArrivalBook()
+        self.quarantine = (
+            Quarantine(kube, self.nodes, settings.quarantine, identity=settings.identity)
+            if settings.quarantine is not None
+            else None
+        )
         self.reconciler = Reconciler(
             kube,
             Caches(self.jobs, self.pods, self.nodes, self.services),
@@ -154,6 +163,7 @@ class Manager:
             identity=settings.identity,
             arrivals=self.arrivals,
             access=AccessReview(kube),
+            quarantine=self.quarantine,
         )
         self.authenticator = TokenAuthenticator(lambda body: kube.create(TOKENREVIEWS, body))
         self.stores = [self.jobs, self.pods, self.nodes, self.services]
@@ -362,6 +372,8 @@ class Manager:
             self.queue.add(key)
         metrics.MAX_CONCURRENT_RECONCILES.labels(CONTROLLER_NAME).set(self.settings.workers)
         workers = [asyncio.create_task(self._worker()) for _ in range(self.settings.workers)]
+        if self.quarantine is not None:
+            workers.append(asyncio.create_task(self.quarantine.run()))
         try:
             await asyncio.gather(*workers)
         finally:
@@ -386,7 +398,7 @@ class Manager:
                 pod_job=self._pod_job,
                 accepting=lambda: self.is_leader and self.synced(),
                 on_report=self._on_report,
-                on_stall=self._enqueue,
+                on_news=self._enqueue,
             )
             # A gang of thousands restarts at once: its reports must not overflow the backlog.
             server = HttpServer(app, host, port, backlog=4096)

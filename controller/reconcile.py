@@ -57,6 +57,7 @@ from controller.policy.plan import (
 )
 from controller.policy.stuck import service_accounts
 from controller.policy.views import NodeView, PodView
+from controller.quarantine import Quarantine
 from controller.runtime import metrics, tracing
 from controller.runtime.clock import utcnow
 from controller.workeraccess import (
@@ -184,6 +185,13 @@ def _report_progress(job: GangJob, decided: Plan) -> None:
         metrics.PROGRESS_STEP.labels(ns, name).set(status.progress.step)
         if status.progress.steps_per_second is not None:
             metrics.STEPS_PER_SECOND.labels(ns, name).set(status.progress.steps_per_second)
+    if job.spec.progress.straggler is not None and status.progress is not None:
+        now = set(status.progress.stragglers or ())
+        metrics.STRAGGLERS.labels(ns, name).set(len(now))
+        was = job.status.progress.stragglers if job.status.progress is not None else None
+        found = len(now - set(was or ()))
+        if found:
+            metrics.STRAGGLERS_FOUND.inc(found)
     if status.goodput is None:
         return
     if status.goodput.ratio is not None:
@@ -238,6 +246,7 @@ class Reconciler:
         progress_interval: float = 1.0,
         arrivals: ArrivalBook | None = None,
         access: AccessReview | None = None,
+        quarantine: Quarantine | None = None,
     ) -> None:
         self.kube = kube
         self.caches = caches
@@ -259,6 +268,8 @@ class Reconciler:
         self._node_views = Views(NodeView.from_node, caches.nodes, slack=100)
         # What the workers' agents may do, by SubjectAccessReview; None: not checked.
         self.access = access
+        # `--quarantine-nodes`: the nodes each stored restart struck; None: off.
+        self.quarantine = quarantine
         # Job key -> the apiserver's answer to its last refused worker pod creation, until one
         # is created: plan says it on the GangJob (controller.policy.stuck).
         self._refused: dict[str, str] = {}
@@ -427,6 +438,8 @@ class Reconciler:
         ns, name = job.metadata.namespace, job.metadata.name
         for d in decided.failures:
             metrics.RESTARTS.labels(str(d.failure_class), str(d.action)).inc()
+        if self.quarantine is not None and decided.failures:
+            self.quarantine.record(f"{ns}/{name}", decided)
         metrics.EPOCH.labels(ns, name).set(decided.status.epoch)
         if decided.status.barrier_epoch is not None:
             metrics.BARRIER_EPOCH.labels(ns, name).set(decided.status.barrier_epoch)

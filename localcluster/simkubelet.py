@@ -59,6 +59,7 @@ import contextlib
 import functools
 import logging
 import os
+import random
 import shutil
 import tempfile
 import time
@@ -174,6 +175,12 @@ class SimProgress:
     (step 0 at once), a checkpoint every `checkpoint_every` steps (0: none); only the workers of
     `jobs` (None: of every job), so that gangs with and without progress run side by side.
 
+    With `compute_seconds`, each step's line also says `compute=`: a healthy worker's compute
+    per step, times its slowness (`SimKubelet.degrade`, `SimKubelet.slow`), times 1 +/-
+    `jitter` (uniform, seeded by `seed`, the pod and its run). The gang then steps as a
+    synchronous gang does: at the pace of its slowest running trainer, each step the rest of
+    `1 / steps_per_second` (the all-reduce, the input) plus the slowest compute.
+
     Through the file, as a real trainer reports, so that the agent's real reading of it runs:
     on this machine (/dev/shm, 1000 workers) a step written costs ~14 us and its agent's poll
     reading it ~30 us, an unchanged poll ~16 us: at N=1000 and a step a second, ~5% of a core
@@ -181,7 +188,18 @@ class SimProgress:
 
     steps_per_second: float = 1.0
     checkpoint_every: int = 0
+    compute_seconds: float | None = None
+    jitter: float = 0.0
+    seed: int = 0
     jobs: frozenset[str] | None = None
+
+    def step_seconds(self, slowest: float = 1.0) -> float:
+        """A step of the gang whose slowest running worker computes `slowest` times the
+        healthy compute."""
+        healthy = 1.0 / self.steps_per_second
+        if self.compute_seconds is None:
+            return healthy
+        return healthy + self.compute_seconds * (slowest - 1.0)
 
     def follows(self, job: str) -> bool:
         """Whether the workers of `job` report progress."""
@@ -217,6 +235,11 @@ class SimTrainer:
         """`time.monotonic()` when it reported `step`."""
         self.hung_at: float | None = None
         """`time.monotonic()` when `hang` stopped its reports."""
+        self.position = 0.0
+        """Steps done so far, fractional: the gang's step time may change under it."""
+        self.advanced_at: float | None = None
+        self.rng: random.Random | None = None
+        """Its compute's jitter (set by the kubelet's timer, seeded by the pod and run)."""
         self._ended = asyncio.Event()
 
     @property
@@ -238,18 +261,31 @@ class SimTrainer:
         if self.hung_at is None:
             self.hung_at = time.monotonic()
 
-    def report(self, now: float, progress: SimProgress) -> bool:
-        """Writes the step this run reached by `now` (at `progress`'s rate) if it is a new one:
-        the whole line in one write over the file (`echo ... > $GANGJOB_PROGRESS`), 3 syscalls.
-        Whether it reported."""
+    def report(
+        self, now: float, progress: SimProgress, step_seconds: float | None = None,
+        slowness: float = 1.0,
+    ) -> bool:  # fmt: skip
+        """Writes the step this run reached by `now` (at `progress`'s rate, or one step per
+        `step_seconds` of its gang since its last report) if it is a new one: the whole line in
+        one write over the file (`echo ... > $GANGJOB_PROGRESS`), 3 syscalls; with its compute
+        at `slowness` times the healthy one. Whether it reported."""
         if self.code is not None or self.hung_at is not None or self.started_at is None:
             return False
         if self.progress_path is None:
             return False
-        step = int((now - self.started_at) * progress.steps_per_second)
+        if step_seconds is None:
+            step = int((now - self.started_at) * progress.steps_per_second)
+        else:
+            self.position += (now - (self.advanced_at or self.started_at)) / step_seconds
+            self.advanced_at = now
+            step = int(self.position)
         if step == self.step:
             return False
         line = f"step={step}"
+        if progress.compute_seconds is not None:
+            rng = self.rng or random
+            noise = 1.0 + rng.uniform(-progress.jitter, progress.jitter)
+            line += f" compute={progress.compute_seconds * slowness * noise:.4f}"
         if progress.checkpoint_every > 0:
             line += f" checkpoint={step // progress.checkpoint_every * progress.checkpoint_every}"
         try:
@@ -285,6 +321,8 @@ class Worker:
     dir: Path
     uid: str
     """The pod's UID: the kubelet's writes are for this pod, never a later one of its name."""
+    job: str = ""
+    """The GangJob it works for: its gang steps together."""
     agent: Agent | None = None
     task: asyncio.Task[int] | None = None
     restarts: int = 0
@@ -360,6 +398,12 @@ class SimKubelet:
         self.kill_grace_seconds = kill_grace_seconds
         self.workers: dict[str, Worker] = {}
         self.pods: dict[str, JsonDict] = {}
+        self.slow_nodes: dict[str, float] = {}
+        """Node -> how many times the healthy compute its pods' trainers take (`degrade`)."""
+        self.slow_pods: dict[str, float] = {}
+        """Pod UID -> the same, for one pod (`slow`)."""
+        self.step_seconds: dict[str, float] = {}
+        """GangJob -> the step time its gang runs at now (with `SimProgress.compute_seconds`)."""
         self._root = Path(tempfile.mkdtemp(prefix=f"simkubelet-{namespace}-", dir=_volumes()))
         self._tasks: set[asyncio.Task[Any]] = set()
         self._agent_tasks: set[asyncio.Task[int]] = set()
@@ -527,7 +571,7 @@ class SimKubelet:
         job = pod["metadata"]["labels"][LABEL_NAME]
         wdir = self._root / name
         wdir.mkdir(parents=True, exist_ok=True)
-        w = self.workers.get(name) or Worker(name, pod_mode(pod), wdir, uid)
+        w = self.workers.get(name) or Worker(name, pod_mode(pod), wdir, uid, job)
         self.workers[name] = w
         if why:
             w.events.append(why)
@@ -789,6 +833,38 @@ class SimKubelet:
         run.hang()
         return run
 
+    def degrade(self, node: str, factor: float) -> None:
+        """The device of `node` runs slow: its pods' trainers compute `factor` times as long
+        per step (1: healthy again), and their gangs step at that pace. The slowness is the
+        node's: a worker recreated elsewhere is healthy."""
+        if factor == 1.0:
+            self.slow_nodes.pop(node, None)
+        else:
+            self.slow_nodes[node] = factor
+
+    def slow(self, name: str, factor: float) -> None:
+        """As `degrade`, for the pod of this name now (a device allocated to it): the pod
+        recreated under the name is healthy."""
+        uid = self.pods[name]["metadata"]["uid"]
+        if factor == 1.0:
+            self.slow_pods.pop(uid, None)
+        else:
+            self.slow_pods[uid] = factor
+
+    def node_of(self, name: str) -> str | None:
+        """The node the pod of this name is bound to."""
+        pod = self.pods.get(name)
+        return None if pod is None else pod.get("spec", {}).get("nodeName")
+
+    def slowness(self, name: str) -> float:
+        """How many times the healthy compute the pod's trainer takes."""
+        pod = self.pods.get(name)
+        uid = pod["metadata"]["uid"] if pod is not None else None
+        if uid in self.slow_pods:
+            return self.slow_pods[uid]
+        node = self.node_of(name)
+        return self.slow_nodes.get(node, 1.0) if node is not None else 1.0
+
     def lose(self, name: str) -> None:
         """The worker's node died: its agent stops without a word (no status, no exit)."""
         w = self.workers.get(name)
@@ -799,15 +875,20 @@ class SimKubelet:
                 w.agent.stop()
 
     async def _report_progress(self, progress: SimProgress) -> None:
-        """Every running stand-in trainer writes its step, on one timer for all of them."""
+        """Every running stand-in trainer writes its step, on one timer for all of them; with
+        compute, each gang at the pace of its slowest running trainer."""
         while True:
             now = time.monotonic()
             reported = False
             for w in self.workers.values():
                 if w.trainer is None and w.agent is not None and w.agent.progress is not None:
                     self._start_pod_trainer(w, now)
-                if w.trainer is not None:
-                    reported |= w.trainer.report(now, progress)
+            if progress.compute_seconds is None:
+                for w in self.workers.values():
+                    if w.trainer is not None:
+                        reported |= w.trainer.report(now, progress)
+            else:
+                reported = self._step_gangs(now, progress)
             if reported:
                 self._poke()
             await asyncio.sleep(progress.period)
@@ -825,6 +906,23 @@ class SimKubelet:
         w.trainer = SimTrainer([], env)
         w.trainer.started_at = now
         w.trainer_runs.append(w.trainer)
+
+    def _step_gangs(self, now: float, progress: SimProgress) -> bool:
+        gangs: dict[str, list[tuple[SimTrainer, float]]] = {}
+        for w in self.workers.values():
+            run = w.trainer
+            if run is None or not run.running or run.hung_at is not None:
+                continue
+            if run.rng is None:
+                run.rng = random.Random(f"{progress.seed}/{w.name}/{len(w.trainer_runs)}")
+            gangs.setdefault(w.job, []).append((run, self.slowness(w.name)))
+        reported = False
+        for job, runs in gangs.items():
+            step = progress.step_seconds(max(slowness for _, slowness in runs))
+            self.step_seconds[job] = step
+            for run, slowness in runs:
+                reported |= run.report(now, progress, step, slowness)
+        return reported
 
     # -- observing -----------------------------------------------------------------------
     async def wait(self, predicate: Callable[[SimKubelet], bool], timeout: float = 30.0) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -30,6 +31,11 @@ class Injected:
     single: set[str] = field(default_factory=set)
     hung: dict[str, tuple[int, float]] = field(default_factory=dict)
     """The gang whose worker's trainer hung: its worker number and its last step's time."""
+    slowed: dict[str, tuple[int, str, bool, float]] = field(default_factory=dict)
+    """The gang whose worker's device was slowed: its worker number, its node, whether the
+    gang's rule moves a straggler, and when (`time.monotonic()`)."""
+    reported: dict[str, tuple[int]] = field(default_factory=dict)
+    """Gangs whose straggler is only reported: recovered once the worker is named."""
     after: Callable[[], Awaitable[str | None]] | None = None
     """Undoes a lasting fault once the gangs recovered under it (overload, endpoint); may say
     what the fault did meanwhile."""
@@ -199,6 +205,45 @@ async def hang(w: World, rng: random.Random) -> Injected:
     return i
 
 
+SLOW_FACTOR = 3.0
+"""How many times its healthy compute a slowed device's trainer takes (`slow-device`)."""
+
+
+async def slow_device(w: World, rng: random.Random) -> Injected:
+    """A `Process`-mode worker's device runs slow: its trainer computes `SLOW_FACTOR` times as
+    long per step, and its gang steps at its pace. A gang whose rule moves stragglers recreates
+    it off its node (one restart, not counted); another names it and runs on, and the device
+    recovers once it was named (`after`)."""
+    job = rng.choice(sorted(g.name for g in w.gangs.values() if g.shape.mode == "Process"))
+    gang = next(g for g in w.gangs.values() if g.name == job)
+    # Every agent has told its compute at this epoch: a slowdown shows as a shift at once.
+    if not await wait(lambda: w.summarised(job), STEP_TIMEOUT):
+        raise RuntimeError(f"{job}'s agents sent no summary of their compute")
+    rank = _rank(w, job, rng)
+    name = w.workers(job)[rank]
+    node = w.node_of(name)
+    moves = gang.shape.move_stragglers
+    w.checker.expect_straggler(job, rank)
+    at = time.monotonic()
+    w.sim.slow(name, SLOW_FACTOR)
+    i = Injected(
+        jobs={job}, single={job} if moves else set(), slowed={job: (rank, node, moves, at)},
+        note=f"{name} on {node} ({'moved' if moves else 'reported'})",
+    )  # fmt: skip
+    if moves:
+        await w.add_node()  # the gang keeps off the slow node from now on
+        return i
+    i.reported[job] = (rank,)
+
+    async def recover() -> str:
+        w.sim.slow(name, 1.0)
+        ok = await wait(lambda: not w.checker.listed(job, rank), STEP_TIMEOUT)
+        return "its device recovered, no longer named" if ok else "STILL named once recovered"
+
+    i.after = recover
+    return i
+
+
 async def _kill_leader(w: World) -> str:
     """SIGKILL of the replica holding the Lease; the supervisor starts it again."""
     leader = w.leader()
@@ -346,6 +391,7 @@ INJECTORS: dict[str, Injector] = {
     "node-lost-during-restart": node_lost_during_restart,
     "device-unhealthy": device_unhealthy,
     "hang": hang,
+    "slow-device": slow_device,
     "controller-kill-after-epoch": _kill_at("epoch"),
     "controller-kill-mid-arrival": _kill_at("arrival"),
     "controller-kill-after-barrier": _kill_at("barrier"),

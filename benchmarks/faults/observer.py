@@ -25,7 +25,11 @@ The invariants (`INVARIANTS`, each a violation's `invariant`):
   `GangRestarting` Events;
 - `hang`: a trainer that stopped reporting its steps while it runs restarts its gang as class
   `Hang` naming that worker (`trigger.worker`), the epoch raised within `hang_bound` of its
-  last step (seen by this observer's watch).
+  last step (seen by this observer's watch);
+- `straggler`: a worker whose device the campaign slowed is named in `status.progress.stragglers`
+  within `straggler_bound`; a gang whose rule moves stragglers restarts once as class
+  `Straggler` naming it, its pod then on another node; a gang without that rule does not
+  restart for it; and no worker whose device was not slowed is ever named.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ INVARIANTS = (
     "terminating",
     "restart-once",
     "hang",
+    "straggler",
 )
 FAIL_REASON_EXIT_CODE = "NonRetriableExitCode"
 """The Failed condition's reason when a `FailJob` rule matched an exit code (docs/api.md)."""
@@ -134,6 +139,9 @@ class FaultOutcome:
     hung: Mapping[str, tuple[int, float]] = field(default_factory=dict)
     """Gangs whose worker's trainer hung: (its worker number, `time.monotonic()` of its last
     step)."""
+    slowed: Mapping[str, tuple[int, str, bool, float]] = field(default_factory=dict)
+    """Gangs whose worker's device the campaign slowed: (its worker number, its node, whether
+    the gang's rule moves stragglers, `time.monotonic()` when)."""
 
 
 _MONOTONE = ("epoch", "barrierEpoch", "restarts.total", "restarts.counted")
@@ -150,7 +158,11 @@ class Checker:
     """The invariants over observations; `violations` collects what broke them."""
 
     def __init__(
-        self, terminating_bound: float, recovery_bound: float, hang_bound: float = 15.0
+        self,
+        terminating_bound: float,
+        recovery_bound: float,
+        hang_bound: float = 15.0,
+        straggler_bound: float = 60.0,
     ) -> None:
         self.terminating_bound = terminating_bound
         self.recovery_bound = recovery_bound
@@ -158,6 +170,13 @@ class Checker:
         """A hung trainer's last step to the epoch raised for it, at most."""
         self.hang_detections: list[tuple[str, int, float]] = []
         """(job, epoch, seconds): each hang's last step to the epoch raised, as seen."""
+        self.straggler_bound = straggler_bound
+        """A slowed device to its worker named a straggler, at most."""
+        self.straggler_detections: list[tuple[str, int, float]] = []
+        """(job, worker, seconds): each slowed device to its worker named, as seen."""
+        self._listed: dict[str, tuple[str, frozenset[int]]] = {}  # job -> (uid, ranks listed)
+        self._named: dict[tuple[str, int], float] = {}  # (job, worker) -> when it was listed
+        self._slowing: set[tuple[str, int]] = set()
         self.violations: list[Violation] = []
         self._jobs: dict[str, JsonDict] = {}
         self._deleting: set[str] = set()
@@ -250,6 +269,7 @@ class Checker:
             node = self._pod_nodes.get((name, trigger.get("worker", -1)))
             if trigger.get("class") == "NodeLost" and node:
                 self._lost_on.setdefault(name, {}).setdefault(last["epoch"], node)
+        self._stragglers(now, name, job)
         # The campaign's gangs have no rule that changes counting: a restart of a class that
         # counts nothing by default must not have counted.
         if trigger.get("class") in UNCOUNTED and last.get("counted"):
@@ -260,6 +280,38 @@ class Checker:
                 now,
                 f"{name}/{last.get('epoch')}",
             )
+
+    def expect_straggler(self, job: str, worker: int) -> None:
+        """The campaign slows this worker's device: its naming is expected, until its fault
+        is done."""
+        self._slowing.add((job, worker))
+
+    def named(self, job: str, worker: int) -> bool:
+        """The worker was named a straggler since the campaign slowed its device."""
+        return (job, worker) in self._named
+
+    def listed(self, job: str, worker: int) -> bool:
+        """The worker is in the job's `status.progress.stragglers` now."""
+        return worker in self._listed.get(job, ("", frozenset()))[1]
+
+    def _stragglers(self, now: float, name: str, job: JsonDict) -> None:
+        """The workers newly in `status.progress.stragglers`: named, if the campaign slowed
+        their device; else a healthy worker named, a violation."""
+        uid = str(job["metadata"].get("uid"))
+        progress = (job.get("status") or {}).get("progress") or {}
+        ranks = frozenset(r for r in progress.get("stragglers") or () if isinstance(r, int))
+        held_uid, held = self._listed.get(name, (uid, frozenset()))
+        if held_uid != uid:
+            held = frozenset()
+        self._listed[name] = (uid, ranks)
+        for rank in sorted(ranks - held):
+            if (name, rank) in self._slowing:
+                self._named.setdefault((name, rank), now)
+            else:
+                self._flag(
+                    "straggler", name, f"worker {rank} named a straggler; its device was not "
+                    "slowed", now, f"{uid}/{rank}/{now:.0f}",
+                )  # fmt: skip
 
     def pod(self, now: float, pod: JsonDict, gone: bool = False) -> None:
         """A pod event: how long it has been Terminating is tracked by its UID."""
@@ -342,6 +394,8 @@ class Checker:
             self.collateral += [(job, epoch, node) for epoch, node in collateral]
             if job in f.hung:
                 self._hang(now, job, before.epoch + 1, *f.hung[job])
+            if job in f.slowed:
+                self._slowed(now, job, before, after, *f.slowed[job])
             counted = after.counted - before.counted
             allowed = 0 if f.infra else f.crashes.get(job, 0)
             if counted > allowed:
@@ -375,6 +429,40 @@ class Checker:
                 f"step; bound {self.hang_bound:g}s",
                 now,
             )
+
+    def _slowed(
+        self, now: float, job: str, before: JobFacts, after: JobFacts, worker: int, node: str,
+        moves: bool, at: float,
+    ) -> None:  # fmt: skip
+        """A slowed worker was named within the bound; moved off its node by a restart naming
+        it where the gang's rule says so, else no restart for it. Its expectation ends."""
+        self._slowing.discard((job, worker))
+        named = self._named.pop((job, worker), None)
+        if named is None:
+            self._flag("straggler", job, f"worker {worker}'s device slowed; never named", now)
+            return
+        self.straggler_detections.append((job, worker, named - at))
+        if named - at > self.straggler_bound:
+            self._flag(
+                "straggler", job, f"worker {worker} named {named - at:.1f}s after its device "
+                f"slowed; bound {self.straggler_bound:g}s", now,
+            )  # fmt: skip
+        if not moves:
+            if after.epoch != before.epoch:
+                self._flag(
+                    "straggler", job, f"reported only, yet epoch {before.epoch} -> {after.epoch}"
+                    + self._bumps_text(job, before.epoch, after.epoch), now,
+                )  # fmt: skip
+            return
+        cls, named_worker = self._trigger_of.get(job, {}).get(before.epoch + 1, (None, None))
+        if cls != FailureClass.STRAGGLER or named_worker != worker:
+            self._flag(
+                "straggler", job, f"restart to epoch {before.epoch + 1} was {cls} of worker "
+                f"{named_worker}; want {FailureClass.STRAGGLER} of worker {worker}", now,
+            )  # fmt: skip
+        moved_to = self._pod_nodes.get((job, worker))
+        if moved_to == node:
+            self._flag("straggler", job, f"worker {worker} still on {node} after its move", now)
 
     def _collateral(self, job: str, since: int, to: int) -> list[tuple[int, str]]:
         """The bumps from `since` to `to` for the loss of a node the campaign did not lose."""

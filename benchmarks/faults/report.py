@@ -137,7 +137,13 @@ violating history.
 - `terminating`: no pod Terminating over {s.terminating_bound:.0f} s (the force-delete guard
   is {2} s after the node is unreachable);
 - `restart-once`: each epoch bump is one `restarts.total`, a single failure bumps once, the
-  history never holds an epoch twice, no restart has two `GangRestarting` Events.
+  history never holds an epoch twice, no restart has two `GangRestarting` Events;
+- `hang`: a trainer that stopped reporting steps restarts its gang as `Hang` naming it, within
+  {s.hang_bound:g} s of its last step;
+- `straggler`: a worker whose device the campaign slowed (its compute 3x) is named in
+  `status.progress.stragglers` within {s.straggler_bound:g} s; a gang whose rule moves stragglers
+  (`pb`) restarts once as `Straggler` naming it, its pod then on another node, a gang without
+  it (`pd`) does not restart for it; no worker whose device was not slowed is ever named.
 
 ## Fault kinds
 

@@ -19,6 +19,7 @@ from benchmarks.faults.observer import INVARIANTS, Checker, FaultOutcome, JobFac
 from benchmarks.faults.schedule import KINDS, schedule
 from benchmarks.faults.world import (
     HANG_SECONDS,
+    STRAGGLER,
     Shape,
     World,
     ensure_cluster,
@@ -29,11 +30,11 @@ from controller.k8s import Kube
 
 FULL_SHAPES = [
     Shape("pa", "Pod", 3),
-    Shape("pb", "Process", 4),
+    Shape("pb", "Process", 4, move_stragglers=True),
     Shape("pc", "Pod", 8),
     Shape("pd", "Process", 16),
 ]
-SHORT_SHAPES = [Shape("pa", "Pod", 3), Shape("pb", "Process", 4)]
+SHORT_SHAPES = [Shape("pa", "Pod", 3), Shape("pb", "Process", 4, move_stragglers=True)]
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,10 @@ class Settings:
     """A hung trainer's last step to its gang's epoch raised, at most: `hangSeconds`, the
     agent's 1 s poll (once to see the last step, once to see the stall), the controller's
     1 s wait for the gang's other stalls, its pass, and the observer's watch."""
+    straggler_bound: float = STRAGGLER["forSeconds"] + 35.0
+    """A slowed device to its worker named, at most: the agent's shift (3 polls, and not
+    sooner than 10 s after its previous summary), forSeconds, the controller's pass and its
+    write (5 s apart at most), and the observer's watch."""
     logs: Path | None = None
     kinds: list[str] | None = None
     """Only these fault kinds (default: all)."""
@@ -119,7 +124,10 @@ async def run(settings: Settings) -> Result:
     cluster, started = await asyncio.to_thread(ensure_cluster, settings.cluster)
     logs = settings.logs or Path(tempfile.mkdtemp(prefix="gangjob-faults-"))
     logs.mkdir(parents=True, exist_ok=True)
-    checker = Checker(settings.terminating_bound, settings.recovery_bound, settings.hang_bound)
+    checker = Checker(
+        settings.terminating_bound, settings.recovery_bound, settings.hang_bound,
+        settings.straggler_bound,
+    )  # fmt: skip
     t_start = time.monotonic()
     rows: list[FaultRow] = []
     revived: list[str] = []
@@ -204,6 +212,7 @@ async def one_fault(
     await wait(quiet, settings.recovery_bound)
     seen, seen_collateral = len(w.checker.violations), len(w.checker.collateral)
     seen_hangs = len(w.checker.hang_detections)
+    seen_stragglers = len(w.checker.straggler_detections)
     before = {g.name: w.observer.facts(g.name) for g in w.gangs.values()}
     t0 = time.monotonic()
     try:
@@ -214,13 +223,16 @@ async def one_fault(
     jobs = sorted(injected.jobs)
 
     def recovered() -> bool:
-        # Every fault restarts each gang it touched: back at an open barrier of a later epoch.
-        return all(
-            w.failed(j)
-            if j in injected.failing
-            else w.steady(j) and w.observer.facts(j).epoch > before.get(j, JobFacts()).epoch
-            for j in jobs
-        )
+        # Every fault restarts each gang it touched: back at an open barrier of a later epoch;
+        # but a straggler only reported restarts nothing: its gang named it and runs on.
+        def back(j: str) -> bool:
+            if j in injected.failing:
+                return w.failed(j)
+            if j in injected.reported:
+                return w.steady(j) and w.checker.named(j, *injected.reported[j])
+            return w.steady(j) and w.observer.facts(j).epoch > before.get(j, JobFacts()).epoch
+
+        return all(back(j) for j in jobs)
 
     ok = await wait(recovered, settings.recovery_bound)
     seconds = time.monotonic() - t0
@@ -241,6 +253,7 @@ async def one_fault(
             single=frozenset(injected.single),
             infra=injected.infra,
             hung=injected.hung,
+            slowed=injected.slowed,
         ),
     )
     if not ok:
@@ -254,6 +267,9 @@ async def one_fault(
     for job, epoch, took in w.checker.hang_detections[seen_hangs:]:
         print(f"  {job}: epoch {epoch} raised {took:.1f}s after the hung trainer's last step "
               f"(bound {w.checker.hang_bound:g}s)", file=sys.stderr)  # fmt: skip
+    for job, worker, took in w.checker.straggler_detections[seen_stragglers:]:
+        print(f"  {job}: worker {worker} named a straggler {took:.1f}s after its device slowed "
+              f"(forSeconds {STRAGGLER['forSeconds']})", file=sys.stderr)  # fmt: skip
     for job, epoch, node in w.checker.collateral[seen_collateral:]:
         print(f"  collateral: {job} epoch {epoch}: node {node} lost, not by the campaign",
               file=sys.stderr)  # fmt: skip

@@ -15,6 +15,8 @@ KINDS: dict[str, str] = {
     "node-lost-during-restart": "a worker crashes, then a node of the gang is lost mid-restart",
     "device-unhealthy": "a worker's GPU turns Unhealthy (allocatedResourcesStatus)",
     "hang": "a Process-mode worker's trainer stops reporting steps and keeps running",
+    "slow-device": "a Process-mode worker's device runs 3x slow: its gang moves it off its node "
+    "if its rule says so, else reports it (and the device recovers)",
     "controller-kill-after-epoch": "a crash; the leader SIGKILLed once the epoch is written",
     "controller-kill-mid-arrival": "a crash; the leader SIGKILLed while arrivals come in",
     "controller-kill-after-barrier": "a crash; the leader SIGKILLed once the barrier is written",

@@ -35,17 +35,23 @@ FORCE_DELETE_AFTER = 2
 HANG_SECONDS = 10
 """`spec.progress.hangSeconds` of the campaign's gangs: small, so that a hang costs a fault
 little more than a crash; well above the stand-in trainers' step (`PROGRESS`)."""
-PROGRESS = SimProgress(steps_per_second=2.0, checkpoint_every=20)
-"""How the campaign's stand-in trainers (`Process` mode) report their steps."""
+PROGRESS = SimProgress(steps_per_second=2.0, checkpoint_every=20, compute_seconds=0.3, jitter=0.1)
+"""How the campaign's stand-in trainers (`Process` mode) report their steps and compute."""
+STRAGGLER = {"ratio": 1.5, "forSeconds": 10}
+"""`spec.progress.straggler` of the campaign's gangs (only `Process` gangs report compute)."""
+MOVE_STRAGGLERS = {"action": "RecreateWorker", "onFailureClasses": ["Straggler"]}
+"""The rule of the gangs that move a straggler off its node; the others only report it."""
 
 
 @dataclass(frozen=True)
 class Shape:
-    """A gang the campaign keeps running: its base name, restart mode and size."""
+    """A gang the campaign keeps running: its base name, restart mode and size, and whether
+    its failure policy moves a straggler (`MOVE_STRAGGLERS`) or only reports it."""
 
     name: str
     mode: str
     replicas: int
+    move_stragglers: bool = False
 
 
 @dataclass
@@ -94,11 +100,12 @@ class World:
             restart_mode=gang.shape.mode,
             max_restarts=1000,
             failure_rules=[
-                {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [FATAL_CODE]}}
+                {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [FATAL_CODE]}},
+                *([MOVE_STRAGGLERS] if gang.shape.move_stragglers else []),
             ],
             spec={
                 "nodeLoss": {"forceDeleteAfterSeconds": FORCE_DELETE_AFTER},
-                "progress": {"hangSeconds": HANG_SECONDS},
+                "progress": {"hangSeconds": HANG_SECONDS, "straggler": STRAGGLER},
             },
         )
 
@@ -148,6 +155,20 @@ class World:
         if gang is None or not facts.open:
             return False
         return self.agents_open(job, facts.epoch) == gang.shape.replicas
+
+    def summarised(self, job: str) -> bool:
+        """Every worker's agent has sent a summary of its trainer's compute at the gang's
+        epoch: from then on a shift of a worker's compute is told at once."""
+        facts = self.observer.facts(job)
+        workers = self.workers(job)
+        for name in workers.values():
+            w = self.sim.workers.get(name)
+            monitor = w.agent.progress if w is not None and w.agent is not None else None
+            if monitor is None or w is None or w.agent is None:
+                return False
+            if w.agent.state.epoch != facts.epoch or monitor.tracker.sent_compute is None:
+                return False
+        return bool(workers)
 
     def failed(self, job: str) -> bool:
         return self.observer.facts(job).phase == "Failed"

@@ -76,8 +76,14 @@ class World:
 
 
 def gangjob(
-    name: str, ns: str, replicas: int, mode: str, hang_seconds: int | None = None
+    name: str,
+    ns: str,
+    replicas: int,
+    mode: str,
+    hang_seconds: int | None = None,
+    spec: JsonDict | None = None,
 ) -> JsonDict:
+    """The benchmark's gang; `spec`: more of its spec (e.g. `progress`, `failurePolicy`)."""
     progress = {"progress": {"hangSeconds": hang_seconds}} if hang_seconds else {}
     return builders.gangjob(
         name, replicas, namespace=ns,
@@ -87,7 +93,7 @@ def gangjob(
         pod_labels={SIMULATED_KUBELET_LABEL: "true"},
         restart_mode=mode, max_restarts=1000,
         # The benchmark measures the restart, not the guard's wait (60 s by default).
-        spec={"nodeLoss": {"forceDeleteAfterSeconds": 0}, **progress},
+        spec={"nodeLoss": {"forceDeleteAfterSeconds": 0}, **progress, **(spec or {})},
     )  # fmt: skip
 
 
@@ -160,11 +166,16 @@ async def lose_node(kube: Kube, node: str) -> None:
 
 
 async def start_gang(
-    w: World, name: str, mode: str, tracker: JobTracker, hang_seconds: int | None = None
+    w: World,
+    name: str,
+    mode: str,
+    tracker: JobTracker,
+    hang_seconds: int | None = None,
+    spec: JsonDict | None = None,
 ) -> float:
     """Creates the gang and waits until every agent runs past the barrier of epoch 0."""
     t0 = time.monotonic()
-    await w.kube.create(GANGJOBS, gangjob(name, w.ns, w.n, mode, hang_seconds), w.ns)
+    await w.kube.create(GANGJOBS, gangjob(name, w.ns, w.n, mode, hang_seconds, spec), w.ns)
     progress = Progress(f"N={w.n} {mode} gang starting")
     n = w.n
     await milestones(

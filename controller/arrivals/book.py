@@ -25,7 +25,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import MappingProxyType
 
+from api.constants import COMPUTE_SHIFT_RATIO
 from controller.policy.classify import all_containers_restarting
+from controller.policy.straggler import fold
 from controller.policy.views import PodView, WorkerProgress
 
 
@@ -88,6 +90,16 @@ class ProgressReport:
     trainer_cpu_seconds: float | None = None
     """Their CPU time together, where the agent sees them (its growth between two summaries
     says they ran)."""
+    compute_median_seconds: float | None = None
+    """The median of the trainer's compute over the summary's window (docs/progress.md); from
+    an agent that sends none, `compute_seconds` stands for it."""
+    compute_samples: int = 0
+    """How many samples that median is of."""
+    compute_since: float | None = None
+    """When the window's first sample was taken."""
+    compute_runs: tuple[tuple[float, float], ...] = ()
+    """The windows of this run (pod UID and epoch) so far, as the straggler judgement reads
+    them (`straggler.fold`); the book folds each summary's window in."""
 
     def view(self) -> WorkerProgress:
         """What the policy reads of it (`PodView.progress`), its times as datetimes."""
@@ -101,7 +113,37 @@ class ProgressReport:
             stalled=self.stalled_since is not None,
             trainer_state=self.trainer_state,
             malformed=self.malformed,
+            compute_median_seconds=self.compute_median_seconds,
+            compute_runs=self.compute_runs,
+            reported_at=datetime.fromtimestamp(self.received_at, UTC),
         )
+
+    def folded(self, held: ProgressReport | None) -> ProgressReport:
+        """This summary with its compute window folded into the windows of `held` (the
+        previous summary of the same run; else its own alone). From an agent that sends no
+        window, the latest step's compute stands for one since the previous summary."""
+        same_run = held is not None and (held.uid, held.epoch) == (self.uid, self.epoch)
+        runs = held.compute_runs if held is not None and same_run else ()
+        median, since = self.compute_median_seconds, self.compute_since
+        if median is None and self.compute_seconds is not None:
+            median = self.compute_seconds
+            since = held.received_at if held is not None and same_run else self.received_at
+        if median is None or since is None:
+            return dataclasses.replace(self, compute_runs=runs)
+        return dataclasses.replace(
+            self, compute_median_seconds=median, compute_runs=fold(runs, since, median)
+        )
+
+    def shifted(self, held: ProgressReport | None) -> bool:
+        """The compute moved by `COMPUTE_SHIFT_RATIO` since `held`, the previous summary of
+        the same run: a straggler may begin or end."""
+        if held is None or (held.uid, held.epoch) != (self.uid, self.epoch):
+            return False
+        a, b = held.compute_median_seconds, self.compute_median_seconds
+        if a is None or b is None:
+            return False
+        low, high = sorted((a, b))
+        return high > 0 and high >= COMPUTE_SHIFT_RATIO * low
 
     def supersedes(self, other: ProgressReport) -> bool:
         """Whether this summary replaces `other` (same pod): another pod's, or not an older
@@ -177,7 +219,7 @@ class ArrivalBook:
         """Per GangJob (namespace/name), per pod name: the latest progress."""
         self._progress_job: dict[tuple[str, str], str] = {}
         self._progress_epoch: dict[str, int] = {}
-        """Per GangJob: the latest epoch a summary was of."""
+        """Per GangJob, the latest epoch a summary came for: the first of an epoch is news."""
         self.closing = False
         """The server is stopping: streams end now (their agents report to the next leader)."""
 
@@ -238,9 +280,10 @@ class ArrivalBook:
 
     def record_progress(self, job: str, pod: str, progress: ProgressReport) -> bool:
         """Keeps `progress` of pod `pod` (a worker of GangJob `job`, namespace/name) unless it
-        is older than the one held. True if the job's pass should look now: the worker's stall
-        began or ended with it, or it is the job's first summary of its epoch (a summary queues
-        no pass, and the pass looks again at the status's period only once it has some)."""
+        is older than the one held, its compute window folded into the run's. True if it is
+        news for the gang's pass: the first summary of the job's epoch (from then on the pass
+        looks again every time it writes the progress), the worker's stall began or ended, or
+        its compute shifted."""
         namespace = job.partition("/")[0]
         key = (namespace, pod)
         held_job = self._progress_job.get(key)
@@ -249,16 +292,18 @@ class ArrivalBook:
             return False
         if held_job is not None and held_job != job:
             del self._progress[held_job][pod]
+        progress = progress.folded(held)
         self._progress.setdefault(job, {})[pod] = progress
         self._progress_job[key] = job
-        first = progress.epoch > self._progress_epoch.get(job, -1)
-        if first:
-            self._progress_epoch[job] = progress.epoch
         # A stall of an earlier epoch (or of another pod of the name) is no stall of this run:
         # the same worker hanging again at the next epoch is news.
         same_run = held is not None and (held.uid, held.epoch) == (progress.uid, progress.epoch)
         was_stalled = same_run and held is not None and held.stalled_since is not None
-        return first or was_stalled != (progress.stalled_since is not None)
+        first = progress.epoch > self._progress_epoch.get(job, -1)
+        if first:
+            self._progress_epoch[job] = progress.epoch
+        stalled = progress.stalled_since is not None
+        return first or was_stalled != stalled or progress.shifted(held)
 
     def progress(self, namespace: str, pod: str) -> ProgressReport | None:
         """The pod's latest progress, if its agent sent any."""

@@ -127,6 +127,9 @@ class PostedProgress:
     malformed: int
     trainer_state: str | None = None
     trainer_cpu_seconds: float | None = None
+    compute_median_seconds: float | None = None
+    compute_samples: int = 0
+    compute_window_seconds: float | None = None
 
     def progress(self, now: float) -> ProgressReport:
         """As the book keeps it, received at `now` (wall clock)."""
@@ -144,6 +147,11 @@ class PostedProgress:
             received_at=now,
             trainer_state=self.trainer_state,
             trainer_cpu_seconds=self.trainer_cpu_seconds,
+            compute_median_seconds=self.compute_median_seconds,
+            compute_samples=self.compute_samples,
+            compute_since=None
+            if self.compute_median_seconds is None
+            else now - (self.compute_window_seconds or 0.0),
         )
 
 
@@ -210,6 +218,9 @@ def parse_progress(body: Any) -> PostedProgress:
         malformed=count(summary, "malformed", "progress.malformed", optional=True) or 0,
         trainer_state=state,
         trainer_cpu_seconds=seconds("cpuSeconds", where="progress.trainer"),
+        compute_median_seconds=seconds("computeMedianSeconds"),
+        compute_samples=count(summary, "computeSamples", "progress.computeSamples", True) or 0,
+        compute_window_seconds=seconds("computeWindowSeconds"),
     )
 
 
@@ -234,7 +245,7 @@ def arrivals_app(
     pod_job: Callable[[str, str], str | None],
     accepting: Callable[[], bool],
     on_report: Callable[[str], None],
-    on_stall: Callable[[str], None] | None = None,
+    on_news: Callable[[str], None] | None = None,
     heartbeat: float = HEARTBEAT_SECONDS,
     limits: Limits = Limits(),
     clock: Callable[[], float] = time.time,
@@ -242,8 +253,9 @@ def arrivals_app(
     """The endpoint. `job(key)` reads the GangJob from the cache; `pod_job(namespace, pod)`
     the name of the GangJob whose worker the cached pod is (None: no such pod in the cache);
     `accepting()` is whether this replica leads with synced caches; `on_report(key)` queues
-    the job for a pass; `on_stall(key)` is told when a worker's stall begins or ends, or the
-    job's first summary of an epoch comes (any other progress summary queues nothing)."""
+    the job for a pass; `on_news(key)` is told when the job's first summary of an epoch comes,
+    a worker's stall begins or ends, or its compute shifts (a straggler may begin or end); any
+    other progress summary queues nothing."""
     # One line per version of each job, not one per stream: a job change wakes every stream of
     # its gang (thousands), and they all send the same bytes.
     lines: dict[str, tuple[str, bytes]] = {}
@@ -362,8 +374,8 @@ def arrivals_app(
             return checked
         posted, key = checked
         progress_accepted.inc()
-        if book.record_progress(key, posted.pod, posted.progress(clock())) and on_stall:
-            on_stall(key)
+        if book.record_progress(key, posted.pod, posted.progress(clock())) and on_news:
+            on_news(key)
         return web.json_response({"kind": "Status", "status": "Success"}, status=202)
 
     async def _stream(

@@ -143,6 +143,9 @@ class Context:
     hang_seconds: int | None = None
     """`spec.progress.hangSeconds`: a worker whose agent reports its trainer stalled has hung.
     None: hangs are not detected."""
+    stragglers: Mapping[int, str] = field(default_factory=dict)
+    """Worker -> what was found: the workers the gang's straggler judgement found slow
+    (`controller.policy.straggler`); a judgement of the gang, not a signal of one pod."""
 
     @classmethod
     def of(
@@ -472,6 +475,9 @@ def detect(ctx: Context, rank: int, pod: PodView, node: NodeView | None) -> Fail
     s = _Signals()
     for signal in SIGNALS:
         signal(s, ctx, pod, node)
+    straggling = ctx.stragglers.get(rank)
+    if straggling is not None and not pod.terminating:
+        s.add(FailureClass.STRAGGLER, straggling)
     if not s.found:
         return None
     primary = next(c for c in PRIORITY if c in s.found)

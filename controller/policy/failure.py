@@ -15,7 +15,7 @@ from api.constants import (
     ConditionType,
 )
 from api.v1alpha1 import FailureAction, Phase
-from controller.policy import classify, lifecycle
+from controller.policy import classify, lifecycle, straggler
 from controller.policy.classify import Decision
 from controller.policy.gang import at_epoch
 from controller.policy.passstate import EventSpec, Pass, worker_text
@@ -43,8 +43,11 @@ def _decisions(p: Pass) -> list[Decision]:
         p.job, p.effective_mode, p.status.epoch, p.status.barrier_epoch, p.status.barrier_opened_at
     )
     # Each role's own trainer container is the one whose exit is the worker's.
+    stragglers = straggler.details(p)
     contexts = {
-        role.name: dataclasses.replace(base, trainer=role.trainer_container_name)
+        role.name: dataclasses.replace(
+            base, trainer=role.trainer_container_name, stragglers=stragglers
+        )
         for role in p.job.spec.effective_roles
     }
     decisions: list[Decision] = []

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from api import naming
 from api.constants import AVOID_NODES_LIMIT, HISTORY_LIMIT, ConditionType
@@ -26,6 +26,9 @@ from controller.policy.classify import Decision
 from controller.policy.conditions import set_condition
 from controller.policy.gang import Gang
 from controller.policy.views import NodeView, PodView
+
+if TYPE_CHECKING:
+    from controller.policy.straggler import Straggler
 
 
 @dataclass(frozen=True)
@@ -215,6 +218,9 @@ class Pass:
     restart_finished: RestartRecord | None = None
     roles: dict[str, RoleProgress] = field(default_factory=dict)
     """Role name -> its state; read from `status.roles`, advanced by `roles.advance`."""
+    stragglers: list[Straggler] | None = None
+    """The workers found straggling in this pass (`straggler.find`); None: the job does not
+    look for stragglers, or the pass ended before."""
 
     @property
     def job(self) -> GangJob:

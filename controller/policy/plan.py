@@ -32,6 +32,7 @@ from controller.policy import (
     restart,
     roles,
     scheduling,
+    straggler,
     stuck,
     success,
 )
@@ -77,6 +78,7 @@ STEPS: Final[tuple[PlanStep, ...]] = (
     lifecycle.suspend,
     mode.choose_mode,
     roles.advance,
+    straggler.find,
     success.complete,
     deadline.enforce,
     recreate.delete_recreated,

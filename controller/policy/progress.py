@@ -18,12 +18,16 @@ from datetime import datetime
 from typing import Final
 
 from api.v1alpha1 import BadputSeconds, GoodputStatus, ProgressStatus, RestartRecord
+from controller.policy import straggler
 from controller.policy.passstate import Pass
 from controller.policy.views import WorkerProgress
 
 PROGRESS_WRITE_SECONDS: Final = 30.0
 """`status.progress` and `status.goodput` are written at most this often while the gang runs
 (and at each restart): every GangJob write is sent to every agent."""
+STRAGGLER_WRITE_SECONDS: Final = 5.0
+"""A change of the stragglers found is written at once, but no sooner than this after the
+progress was last written: workers that come and go cost a bounded rate of writes."""
 
 
 def reports(p: Pass) -> list[WorkerProgress]:
@@ -126,13 +130,37 @@ def account(p: Pass) -> None:
     last = s.progress.updated_at if s.progress is not None else None
     elapsed = None if last is None else (p.stamp - last).total_seconds()
     due = current is not None and (elapsed is None or elapsed >= PROGRESS_WRITE_SECONDS)
+    before = list(s.progress.stragglers or ()) if s.progress is not None else []
+    after = _stragglers(p, before)
+    if after != before and not (event or due):
+        # Found (or gone): written at once, but at most every STRAGGLER_WRITE_SECONDS.
+        if elapsed is not None and elapsed < STRAGGLER_WRITE_SECONDS:
+            p.requeue(STRAGGLER_WRITE_SECONDS - elapsed)
+            after = before
+        else:
+            due = True
     if current is not None and (event or due):
-        s.progress = current
+        s.progress = current.model_copy(update={"stragglers": after or None})
+    elif after != before:
+        s.progress = (s.progress or ProgressStatus()).model_copy(
+            update={"stragglers": after or None}
+        )
     if event or due:
         s.goodput = _totals(p, s.goodput or GoodputStatus())
+    recorded = list(s.progress.stragglers or ()) if s.progress is not None else []
+    straggler.announce(p, before, recorded)
     if current is not None and not p.is_finished():
         since = 0.0 if due or event or elapsed is None else elapsed
         p.requeue(max(1.0, PROGRESS_WRITE_SECONDS - since))
+
+
+def _stragglers(p: Pass, before: list[int]) -> list[int]:
+    """The workers `status.progress.stragglers` lists after this pass: as found by it, or as
+    before when it did not look (it ended early; the job does not look for stragglers any
+    more: none)."""
+    if p.stragglers is None:
+        return [] if p.job.spec.progress.straggler is None else before
+    return straggler.ranks(p.stragglers) or []
 
 
 def on_superseded(p: Pass, old: RestartRecord) -> None:

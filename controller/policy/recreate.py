@@ -15,7 +15,7 @@ from api.constants import (
     RESTART_MODES,
     AgentPlacement,
 )
-from api.failures import FailureClass
+from api.failures import FailureClass, meaning
 from api.v1alpha1 import FailureAction, RestartRecord
 from controller.policy import classify
 from controller.policy.classify import Decision
@@ -92,12 +92,11 @@ def to_recreate(p: Pass, restarting: list[Decision]) -> set[int]:
 
 
 def avoid_unhealthy_devices(p: Pass, restarting: list[Decision], recreated: set[int]) -> None:
-    """The node of a recreated worker's unhealthy device joins `avoidNodes`: no pod created from
-    now on lands there again."""
+    """The node of a worker recreated for its unhealthy (or slow) device joins `avoidNodes`:
+    no pod created from now on lands there again (the class's row says which: `avoids_node`)."""
     for d in restarting:
         node = d.failure.node_name
-        device = d.failure_class is FailureClass.DEVICE_UNHEALTHY and d.worker in recreated
-        if device and node:
+        if node and d.worker in recreated and meaning(d.failure_class).avoids_node:
             p.avoid(node)
 
 

@@ -221,6 +221,15 @@ class WorkerProgress:
     as /proc shows it); None where the agent cannot see it."""
     malformed: int = 0
     """Lines of its progress file the agent could not read, since it started."""
+    compute_median_seconds: float | None = None
+    """The median of its compute over the window of its latest summary (docs/progress.md)."""
+    compute_runs: tuple[tuple[float, float], ...] = ()
+    """Its compute windows at this epoch as the straggler judgement reads them
+    (`controller.policy.straggler.fold`): (start, floor) pairs, oldest first, the start of
+    each window on the controller's clock (seconds since the epoch) and the lowest median of
+    the windows from it to the latest; the floors rise, the last is the latest median."""
+    reported_at: datetime | None = None
+    """When its latest summary came in."""
 
 
 @dataclass(frozen=True)

@@ -218,8 +218,19 @@ BADPUT_SECONDS = Counter(
     ["cause"],
     registry=REGISTRY,
 )
+STRAGGLERS = Gauge(
+    "gangjob_stragglers",
+    "Workers of the GangJob found straggling (listed in status.progress.stragglers)",
+    ["namespace", "name"],
+    registry=REGISTRY,
+)
+STRAGGLERS_FOUND = Counter(
+    "gangjob_stragglers_found_total",
+    "Workers found straggling, each once per epoch it is found at (a Straggler Event each)",
+    registry=REGISTRY,
+)
 BADPUT_CAUSES: Final = ("scheduling", "detection", "restart", "recompute")
-PER_JOB: Final = (EPOCH, BARRIER_EPOCH, PROGRESS_STEP, STEPS_PER_SECOND, GOODPUT_RATIO)
+PER_JOB: Final = (EPOCH, BARRIER_EPOCH, PROGRESS_STEP, STEPS_PER_SECOND, GOODPUT_RATIO, STRAGGLERS)
 """The series labelled by one GangJob, removed with it (`forget_job`)."""
 
 

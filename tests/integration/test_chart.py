@@ -81,6 +81,36 @@ def test_the_chart_renders_monitoring() -> None:
     )
 
 
+def test_node_quarantine_is_an_option_with_its_rbac_in_the_chart_and_kustomize() -> None:
+    # On, the chart renders exactly manifests/quarantine; off (the default), nothing of it:
+    # the controller may not patch nodes at all.
+    chart, overlay = render("gangjob-system", "quarantine.enabled=true"), kustomize("quarantine")
+    overlay.pop(("Namespace", "gangjob-system"))
+    dashboard = ("ConfigMap", "gangjob-dashboard")  # the chart's by default; kustomize's apart
+    overlay[dashboard] = kustomize("monitoring")[dashboard]
+    assert sorted(chart) == sorted(overlay)
+    for key, obj in overlay.items():
+        assert chart[key] == obj, key
+    assert "--quarantine-nodes" in manager(chart)["args"]
+    role = chart[("ClusterRole", "gangjob-controller-quarantine")]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]}]
+    for objs in (render(), kustomize("default")):
+        assert not [a for a in manager(objs)["args"] if a.startswith("--quarantine")]
+        patching = [
+            key for key, o in objs.items() if o["kind"] == "ClusterRole"
+            for rule in o["rules"] if "nodes" in rule["resources"] and "patch" in rule["verbs"]
+        ]  # fmt: skip
+        assert patching == []
+    tuned = render(
+        "gangjob-system", "quarantine.enabled=true", "quarantine.threshold=2",
+        "quarantine.windowSeconds=600", "quarantine.seconds=900", "quarantine.maxShare=0.1",
+    )  # fmt: skip
+    assert [a for a in manager(tuned)["args"] if a.startswith("--quarantine")] == [
+        "--quarantine-nodes", "--quarantine-threshold=2", "--quarantine-window-seconds=600",
+        "--quarantine-seconds=900", "--quarantine-max-share=0.1",
+    ]  # fmt: skip
+
+
 def test_helm_lint_finds_nothing_wrong() -> None:
     out = helm(None, "lint", CHART, "--strict", "--kube-version", KUBERNETES_VERSION)
     assert "1 chart(s) linted, 0 chart(s) failed" in out

@@ -97,7 +97,7 @@ async def controller(sim_kube: Kube, namespace: str, worker: JsonDict) -> AsyncI
         pod_job=lambda ns, name: JOB if (ns, name) == (namespace, POD) else None,
         accepting=lambda: True,
         on_report=lambda key: None,
-        on_stall=ctl.stalls.append,
+        on_news=ctl.stalls.append,
     )
     runner = web.AppRunner(app)
     await runner.setup()
@@ -173,7 +173,8 @@ async def test_progress_reaches_the_book_and_a_hang_is_reported_once(
     assert held.trainer_cpu_seconds is not None
     assert held.stalled_since is not None
     assert held.stalled_since <= held.received_at
-    assert ctl.stalls == [f"{namespace}/{JOB}"]  # one message said it
+    # The epoch's first summary queued a pass, and the stall's one message another.
+    assert ctl.stalls == [f"{namespace}/{JOB}"] * 2
     assert agent.progress is not None
     assert agent.progress.stalls == 1
     # The agent asked the hung trainer for its stacks before stopping it.

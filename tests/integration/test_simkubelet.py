@@ -392,15 +392,18 @@ class World:
 
 
 @contextlib.asynccontextmanager
-async def _world(
+async def sim_world(
     cluster: Cluster,
     kube: Kube,
     namespace: str,
     tmp_path: Path,
     progress: simkubelet.SimProgress | None = None,
+    nodes_count: int = 2,
 ) -> AsyncIterator[World]:
+    """The real controller, a simulated kubelet with `progress`, and `nodes_count` KWOK nodes
+    of the test's own (label `gangjob-test: <namespace>`)."""
     await install_crd(kube)
-    nodes = [f"{namespace[:40]}-n{i}" for i in range(2)]
+    nodes = [f"{namespace[:40]}-n{i}" for i in range(nodes_count)]
     for name in nodes:
         node = kwok_node(name, Options(gpus_per_node=2))
         node["metadata"]["labels"]["gangjob-test"] = namespace
@@ -434,7 +437,7 @@ async def _world(
 async def world(
     sim_cluster: Cluster, sim_kube: Kube, namespace: str, tmp_path: Path
 ) -> AsyncIterator[World]:
-    async with _world(sim_cluster, sim_kube, namespace, tmp_path) as w:
+    async with sim_world(sim_cluster, sim_kube, namespace, tmp_path) as w:
         yield w
 
 
@@ -444,7 +447,7 @@ async def reporting_world(
 ) -> AsyncIterator[World]:
     """The stand-in trainers report 4 steps a second, a checkpoint every 8."""
     progress = simkubelet.SimProgress(steps_per_second=4.0, checkpoint_every=8)
-    async with _world(sim_cluster, sim_kube, namespace, tmp_path, progress) as w:
+    async with sim_world(sim_cluster, sim_kube, namespace, tmp_path, progress) as w:
         yield w
 
 

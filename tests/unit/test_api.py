@@ -170,6 +170,7 @@ def test_constants_are_the_protocol_names() -> None:
         "GangScheduling",
         "Stuck",
         "ArrivalDegraded",
+        "Stragglers",
     ]
 
 

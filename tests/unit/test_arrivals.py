@@ -273,7 +273,7 @@ async def controller() -> AsyncIterator[Controller]:
         pod_job=ctl.pod_job,
         accepting=lambda: True,
         on_report=ctl.on_report,
-        on_stall=ctl.stalls.append,
+        on_news=ctl.stalls.append,
     )
     runner = web.AppRunner(app)
     await runner.setup()

@@ -351,10 +351,90 @@ def test_a_hang_that_never_restarted_the_gang_is_flagged() -> None:
     assert "hang" in flagged(c)
 
 
+# -- straggler ---------------------------------------------------------------------------------
+
+SLOWED_AT = 200.0
+"""When the campaign slowed the worker's device."""
+
+
+def _listed(c: Checker, at: float, ranks: list[int] | None, epoch: int = 1, **status: Any) -> None:
+    c.job(at, "a", job(epoch=epoch, barrierEpoch=epoch, progress={"stragglers": ranks}, **status))
+
+
+def _moved(c: Checker, worker: int, cls: str = "Straggler", to: str = "n2") -> None:
+    """Named at +20 s, restarted to epoch 2 for `cls` of `worker`, its pod now on `to`."""
+    c.pod(SLOWED_AT - 1, {"metadata": {"uid": "p1", "labels": {"gangjob.io/name": "a",
+          "gangjob.io/rank": str(worker)}}, "spec": {"nodeName": "n1"}})  # fmt: skip
+    _listed(c, SLOWED_AT + 20, [worker])
+    trigger = {"class": cls, "worker": worker}
+    _listed(c, SLOWED_AT + 20, [worker], epoch=2, lastRestart={"epoch": 2, "trigger": trigger})
+    c.pod(SLOWED_AT + 22, {"metadata": {"uid": "p2", "labels": {"gangjob.io/name": "a",
+          "gangjob.io/rank": str(worker)}}, "spec": {"nodeName": to}})  # fmt: skip
+
+
+def _slowed_outcome(worker: int, moves: bool, after: int) -> FaultOutcome:
+    slowed = {"a": (worker, "n1", moves, SLOWED_AT)}
+    return outcome(running(1, 1), running(after, after), infra=True, slowed=slowed)
+
+
+def test_a_slowed_worker_named_and_moved_off_its_node_passes() -> None:
+    c = checker()
+    _listed(c, SLOWED_AT - 5, None)
+    c.expect_straggler("a", 1)
+    _moved(c, 1)
+    c.fault_done(SLOWED_AT + 30, _slowed_outcome(1, moves=True, after=2))
+    assert flagged(c) == []
+    assert c.straggler_detections == [("a", 1, 20.0)]
+
+
+@pytest.mark.parametrize(("cls", "to"), [("ProcessExit", "n2"), ("Straggler", "n1")])
+def test_a_straggler_not_moved_for_itself_or_left_on_its_node_is_flagged(cls: str, to: str) -> None:
+    c = checker()
+    c.expect_straggler("a", 1)
+    _moved(c, 1, cls, to)
+    c.fault_done(SLOWED_AT + 30, _slowed_outcome(1, moves=True, after=2))
+    assert flagged(c) == ["straggler"]
+
+
+def test_a_straggler_only_reported_that_restarts_its_gang_is_flagged() -> None:
+    c = checker()
+    c.expect_straggler("a", 1)
+    _listed(c, SLOWED_AT + 20, [1])
+    assert c.named("a", 1)
+    assert c.listed("a", 1)
+    c.fault_done(SLOWED_AT + 30, _slowed_outcome(1, moves=False, after=1))
+    assert flagged(c) == []
+    c.expect_straggler("a", 1)
+    _listed(c, SLOWED_AT + 40, None)
+    _listed(c, SLOWED_AT + 50, [1])
+    c.fault_done(SLOWED_AT + 60, _slowed_outcome(1, moves=False, after=2))
+    assert flagged(c) == ["straggler"]
+
+
+def test_a_healthy_worker_named_or_a_slow_one_never_named_is_flagged() -> None:
+    c = checker()
+    c.expect_straggler("a", 1)
+    _listed(c, SLOWED_AT + 20, [1, 3])  # rank 3's device is fine
+    assert flagged(c) == ["straggler"]
+    assert "worker 3 named a straggler; its device was not slowed" in c.violations[0].detail
+    c2 = checker()
+    c2.expect_straggler("a", 1)
+    c2.fault_done(SLOWED_AT + 130, _slowed_outcome(1, moves=False, after=1))
+    assert flagged(c2) == ["straggler"]
+
+
+def test_a_straggler_named_later_than_the_bound_is_flagged() -> None:
+    c = Checker(terminating_bound=60.0, recovery_bound=120.0, straggler_bound=30.0)
+    c.expect_straggler("a", 1)
+    _listed(c, SLOWED_AT + 31, [1])
+    c.fault_done(SLOWED_AT + 40, _slowed_outcome(1, moves=False, after=1))
+    assert flagged(c) == ["straggler"]
+
+
 def test_every_invariant_has_a_test_that_flags_it() -> None:
     tested = {
         "duplicate-rank", "stale-epoch", "end-state", "budget", "lost-record", "terminating",
-        "restart-once", "hang",
+        "restart-once", "hang", "straggler",
     }  # fmt: skip
     assert set(INVARIANTS) == tested
 

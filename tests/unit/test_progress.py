@@ -214,7 +214,7 @@ def test_the_rate_is_the_trainers_while_it_stepped_since_the_last_summary_sent()
     summary = tracker.summary(20.0)
     assert summary is not None
     assert summary.steps_per_second == 5.0
-    tracker.sent(20.0, 150)
+    tracker.sent(20.0, summary)
     tracker.observe(30.0, Reading(170))
     summary = tracker.summary(40.0)
     assert summary is not None
@@ -222,7 +222,105 @@ def test_the_rate_is_the_trainers_while_it_stepped_since_the_last_summary_sent()
     # rate at which it trains (a stall's summary prices the lost steps at it).
     assert summary.steps_per_second == 2.0
     assert summary.same(tracker.summary(50.0))  # only the time-dependent figures moved
-    tracker.sent(40.0, 170)
+    tracker.sent(40.0, summary)
     stalled = tracker.summary(80.0)
     assert stalled is not None
     assert stalled.steps_per_second == 2.0  # no step since: the rate before it
+
+
+def _stepped(tracker: Tracker, start: int, computes: list[float], t0: float) -> float:
+    """One poll a second, each at a new step with its compute; the time after the last."""
+    for i, compute in enumerate(computes):
+        tracker.observe(t0 + i, Reading(start + i, compute=compute))
+    return t0 + len(computes)
+
+
+def test_a_summary_carries_the_median_compute_of_its_window() -> None:
+    tracker = Tracker(HANG)
+    # A checkpoint step and a data-loader hiccup among 28 ordinary steps move no median.
+    computes = [0.5] * 10 + [9.0] + [0.5] * 10 + [3.0] + [0.52] * 8
+    now = _stepped(tracker, 1, computes, 0.0)
+    summary = tracker.summary(now)
+    assert summary is not None
+    assert summary.compute_window is not None
+    assert summary.compute == 0.52  # the latest step's, as before
+    assert summary.compute_window.median == 0.5
+    assert summary.compute_window.samples == len(computes)
+    assert summary.compute_window.seconds == len(computes)  # since its first sample
+    tracker.sent(now, summary)
+    assert tracker.compute_window(now) is None  # the next window starts empty
+    tracker.observe(now + 1, Reading(100))  # a step without compute is no sample
+    assert tracker.compute_window(now + 1) is None
+
+
+def test_a_step_seen_again_is_no_new_sample() -> None:
+    tracker = Tracker(HANG)
+    for t in range(5):
+        tracker.observe(float(t), Reading(1, compute=0.5))
+    window = tracker.compute_window(5.0)
+    assert window is not None
+    assert window.samples == 1
+
+
+def test_a_shift_of_the_compute_is_news_and_restarts_the_window() -> None:
+    tracker = Tracker(HANG)
+    now = _stepped(tracker, 1, [1.0] * 20, 0.0)
+    first = tracker.summary(now)
+    assert first is not None
+    tracker.sent(now, first)
+    # Ten more ordinary steps, then the device slows down to twice the compute.
+    now = _stepped(tracker, 21, [1.0] * 10, now)
+    assert not tracker.shifted()
+    now = _stepped(tracker, 31, [2.0] * 2, now)
+    assert not tracker.shifted()  # 2 slow samples of the latest 5: not yet ...
+    now = _stepped(tracker, 33, [2.0], now)
+    assert tracker.shifted()  # ... 3 of 5 make their median slow
+    summary = tracker.summary(now)
+    assert summary is not None
+    assert summary.compute_window is not None
+    # The window starts at the shift: the slow samples, not the fast ones before them.
+    assert summary.compute_window.median == 2.0
+    assert summary.compute_window.samples == 3
+    tracker.sent(now, summary)
+    now = _stepped(tracker, 34, [2.1, 1.9, 2.0, 2.2, 2.0, 1.8], now)
+    assert not tracker.shifted()  # jitter around the new median is no shift
+
+
+def test_one_slow_step_or_jitter_is_no_shift() -> None:
+    tracker = Tracker(HANG)
+    now = _stepped(tracker, 1, [1.0] * 10, 0.0)
+    first = tracker.summary(now)
+    assert first is not None
+    tracker.sent(now, first)
+    now = _stepped(tracker, 11, [1.1, 0.9, 8.0, 1.05, 0.95, 1.1, 1.2, 0.9], now)
+    assert not tracker.shifted()
+    # Recovering is a shift too: back to the healthy compute, said at once.
+    slow = Tracker(HANG)
+    now = _stepped(slow, 1, [2.0] * 10, 0.0)
+    summary = slow.summary(now)
+    assert summary is not None
+    slow.sent(now, summary)
+    _stepped(slow, 11, [1.0] * 5, now)
+    assert slow.shifted()
+
+
+def test_no_shift_before_a_median_was_sent() -> None:
+    tracker = Tracker(HANG)
+    _stepped(tracker, 1, [1.0] * 10 + [3.0] * 10, 0.0)
+    assert not tracker.shifted()
+
+
+def test_a_shift_told_late_starts_its_window_where_it_began() -> None:
+    # The agent may tell a shift only SHIFT_MIN_SECONDS after its previous summary: the window
+    # still starts at the slowdown, not at the samples that made it news.
+    tracker = Tracker(HANG)
+    now = _stepped(tracker, 1, [1.0] * 10, 0.0)
+    first = tracker.summary(now)
+    assert first is not None
+    tracker.sent(now, first)
+    now = _stepped(tracker, 11, [1.0, 1.1, 2.0, 2.1, 0.9, 2.0, 1.9, 2.2, 2.0, 2.1], now)
+    assert tracker.shifted()
+    window = tracker.compute_window(now)
+    assert window is not None
+    # From the first slow sample on (one healthy-looking step among them moves no median).
+    assert (window.samples, window.median) == (8, 2.0)

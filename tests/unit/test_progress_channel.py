@@ -5,6 +5,7 @@ and a real `Process`-mode agent whose shell trainer reports to the real endpoint
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import pathlib
@@ -20,7 +21,7 @@ from agent.apiclient import ApiError, HttpClient
 from agent.config import Config, ConfigError
 from agent.direct import progress_body
 from agent.monitor import ProgressMonitor
-from agent.progress import Reading, Summary
+from agent.progress import ComputeWindow, Reading, Summary
 from api.constants import (
     PROGRESS_FILE,
     PROGRESS_PATH,
@@ -294,12 +295,12 @@ def progress(
 def test_the_book_keeps_each_workers_latest_progress() -> None:
     book, job = ArrivalBook(), f"{NS}/train"
     assert book.progress(NS, "train-0") is None
-    # The job's first summary of an epoch is news for the controller's pass (it takes the
-    # status's progress up and looks again at its period); the others' are not.
+    # The job's first summary of an epoch is news: the pass that writes the progress then looks
+    # again every time it writes it. The others of the epoch are not.
     assert book.record_progress(job, "train-0", progress()) is True
     assert book.record_progress(job, "train-1", progress(uid="u1", step=4)) is False
     assert book.progress_of(job) == {"train-0": progress(), "train-1": progress(uid="u1", step=4)}
-    # Then only a stall's beginning and end are news.
+    # Then only a stall's beginning and end are news for the controller's pass.
     assert book.record_progress(job, "train-0", progress(step=6, stalled=True)) is True
     assert book.record_progress(job, "train-0", progress(step=6, stalled=True)) is False
     assert book.record_progress(job, "train-0", progress(step=7)) is True
@@ -319,6 +320,67 @@ def test_the_book_keeps_each_workers_latest_progress() -> None:
     assert (book.progress(NS, "train-0"), dict(book.progress_of(job))) == (None, {})
     # A job of the name again (deleted and created anew) starts at epoch 0: news again.
     assert book.record_progress(job, "train-0", progress(epoch=0)) is True
+
+
+def test_a_summarys_compute_window_reaches_the_book_and_folds_into_the_runs(
+    tmp_path: pathlib.Path,
+) -> None:
+    config = make_config(tmp_path, pod_uid="u0")
+    window = ComputeWindow(median=0.5, samples=28, seconds=29.0)
+    posted = parse_progress(progress_body(config, 1, summary(compute_window=window)))
+    held = posted.progress(now=100.0)
+    assert (held.compute_median_seconds, held.compute_samples, held.compute_since) == (
+        0.5, 28, 71.0,
+    )  # fmt: skip
+    book, job = ArrivalBook(), f"{NS}/train"
+    book.record_progress(job, "train-0", held)
+    assert book.progress(NS, "train-0").compute_runs == ((71.0, 0.5),)  # type: ignore[union-attr]
+    slower = ComputeWindow(median=1.0, samples=5, seconds=5.0)
+    posted = parse_progress(progress_body(config, 1, summary(step=20, compute_window=slower)))
+    # Twice the compute: news for the pass (a straggler may begin).
+    assert book.record_progress(job, "train-0", posted.progress(now=110.0)) is True
+    kept = book.progress(NS, "train-0")
+    assert kept is not None
+    assert kept.compute_runs == ((71.0, 0.5), (105.0, 1.0))
+    assert kept.view().compute_runs == kept.compute_runs
+    assert kept.view().compute_median_seconds == 1.0
+    # The next epoch's compute is judged afresh.
+    posted = parse_progress(progress_body(config, 2, summary(step=1, compute_window=slower)))
+    assert book.record_progress(job, "train-0", posted.progress(now=130.0)) is True  # its first
+    assert book.progress(NS, "train-0").compute_runs == ((125.0, 1.0),)  # type: ignore[union-attr]
+
+
+def test_an_agent_that_sends_no_window_has_its_latest_compute_stand_for_one() -> None:
+    book, job = ArrivalBook(), f"{NS}/train"
+    first = dataclasses.replace(progress(), compute_seconds=0.5, received_at=20.0)
+    book.record_progress(job, "train-0", first)
+    later = dataclasses.replace(progress(step=9), compute_seconds=0.7, received_at=50.0)
+    book.record_progress(job, "train-0", later)
+    kept = book.progress(NS, "train-0")
+    assert kept is not None
+    assert kept.compute_median_seconds == 0.7
+    assert kept.compute_runs == ((20.0, 0.5), (20.0, 0.7))  # since the summary before it
+
+
+async def test_a_shift_of_the_compute_is_sent_at_once(tmp_path: pathlib.Path) -> None:
+    run = Run(tmp_path, progress_summary_seconds=30.0)
+    for step in range(1, 66):  # summaries at the 1st, 31st and 61st ticks
+        run.file.write_text(f"step={step} compute=0.5\n")
+        await run.ticks(1)
+    before = len(run.sent.summaries)
+    assert run.sent.summaries[-1].compute_window is not None
+    assert run.sent.summaries[-1].compute_window.median == 0.5
+    # The device slows down: the agent says so within a few polls, not a period later (at
+    # most one shift per SHIFT_MIN_SECONDS after the last summary: at the 71st tick).
+    for step in range(66, 76):
+        run.file.write_text(f"step={step} compute=1.0\n")
+        await run.ticks(1)
+    assert len(run.sent.summaries) == before + 1
+    shifted = run.sent.summaries[-1]
+    assert shifted.compute_window is not None
+    # Its window starts where the slowdown began, though told later: the 6 slow samples.
+    assert (shifted.compute_window.median, shifted.compute_window.samples) == (1.0, 6)
+    assert shifted.step == 71
 
 
 # -- a real agent and the real endpoint, in-process ---------------------------------------------
@@ -369,7 +431,7 @@ async def test_a_trainers_progress_and_its_stall_reach_the_book(
             assert held.trainer_state == "S"  # `sleep`, as the agent started it
             assert agent.progress is not None
             assert agent.progress.stalls == 1
-            # One pass for the epoch's first summary, one for the stall's message.
+            # One pass for the epoch's first summary, one for the stall's one message.
             assert ctl.stalls == [f"{NS}/train"] * 2
         finally:
             agent.stop()

@@ -76,3 +76,29 @@ def test_the_agents_settings_come_from_the_container_that_names_the_gangjob() ->
     }
     assert agent_env(pod) == {ENV_GANGJOB_NAME: "j", ENV_HANG_SECONDS: "10"}
     assert agent_env({"spec": {"containers": [{"name": "trainer"}]}}) == {}
+
+
+async def test_a_run_reports_its_compute_at_its_slowness_and_the_gangs_pace(
+    tmp_path: Path,
+) -> None:
+    # A step a second: 0.6 s of compute, 0.4 s of the rest. Twice as slow a device makes the
+    # gang's step 1.6 s, and its own compute 1.2 s.
+    progress = SimProgress(steps_per_second=1.0, compute_seconds=0.6, jitter=0.1)
+    assert progress.step_seconds() == 1.0
+    assert progress.step_seconds(2.0) == 1.6
+    run, files = await started(tmp_path)
+    assert run.started_at is not None
+    t0 = run.started_at
+    assert run.report(t0 + 10.0, progress, progress.step_seconds(), 1.0)
+    reading = files.poll()
+    assert reading is not None
+    assert reading.step == 10
+    assert reading.compute is not None
+    assert 0.54 <= reading.compute <= 0.66
+    # Slowed from now on: 16 s more make 10 steps of 1.6 s.
+    assert run.report(t0 + 26.0, progress, progress.step_seconds(2.0), 2.0)
+    reading = files.poll()
+    assert reading is not None
+    assert reading.step == 20
+    assert reading.compute is not None
+    assert 1.08 <= reading.compute <= 1.32
