@@ -19,6 +19,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from agent.config import Config
 from agent.progress import SHIFT_MIN_SECONDS, ProgressFiles, Summary, Tracker
@@ -178,6 +179,10 @@ def _read_from(path: Path, offset: int) -> bytes:
         return f.read()
 
 
+SEEN_AT_ONCE: Final = 0.05
+"""A step read this soon after it was written counts as seen when written."""
+
+
 class ProgressMonitor:
     """Follows one worker's progress. `prepare()` at each arrival; `run()` as a task from the
     barrier on; `stop()` when the trainer stops or the gang moves on."""
@@ -272,16 +277,35 @@ class ProgressMonitor:
             self._sending = None
 
     async def _run(self, epoch: int, trainer_pid: int | None) -> None:
-        poll = self.config.progress_poll_seconds or 1.0
         while True:
             self.tick(epoch, trainer_pid)
-            await asyncio.sleep(poll)
+            await asyncio.sleep(self.until_next_poll())
+
+    @property
+    def _poll(self) -> float:
+        return self.config.progress_poll_seconds or 1.0
+
+    def until_next_poll(self) -> float:
+        """The next poll: a poll period on, or sooner when a stall falls due before it, so
+        that a hang is told at `hangSeconds` after the trainer's last step, not up to a poll
+        later."""
+        t = self.tracker
+        if t.hang_seconds is None or t.changed_at is None or t.stalled_since is not None:
+            return self._poll
+        due_in = t.changed_at + t.hang_seconds - self._clock()
+        return self._poll if due_in <= 0 else min(self._poll, due_in)
 
     def tick(self, epoch: int, trainer_pid: int | None) -> None:
         """One poll: read the files, tell a stall (once), send a summary when due."""
         now = self._clock()
         reading = self.files.poll()
-        self.tracker.observe(now, reading, self.files.malformed)
+        # When the step was written, by the file's time: within the last poll (the clocks of
+        # the file and of this agent may differ by a little; never more than a poll counts,
+        # and what the read itself took, under `SEEN_AT_ONCE`, not at all).
+        written = self.files.written_at
+        ago = 0.0 if written is None else min(max(0.0, time.time() - written), self._poll)
+        ago = round(ago, 2) if ago >= SEEN_AT_ONCE else 0.0
+        self.tracker.observe(now, reading, self.files.malformed, ago)
         # Whether the trainer runs costs reads: asked only when it decides.
         running = not self.tracker.due(now) or self._running(trainer_pid)
         stalled = self.tracker.check(now, running)

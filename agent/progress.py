@@ -92,6 +92,8 @@ class ProgressFile:
         self._kept = b""
         """The bytes just before `_end`, as read."""
         self._unterminated = False
+        self.written_at: float | None = None
+        """When the newest good line was written, by the file's mtime (wall clock)."""
 
     def poll(self) -> Line | None:
         """The newest good line written since the last poll, if any; None otherwise."""
@@ -127,7 +129,7 @@ class ProgressFile:
             else:
                 newest = line
         if newest is not None:
-            self.latest = newest
+            self.latest, self.written_at = newest, st.st_mtime
         return newest
 
     def _new_bytes(self, ino: int, size: int) -> tuple[bytes, int]:
@@ -172,6 +174,11 @@ class ProgressFiles:
     @property
     def malformed(self) -> int:
         return sum(f.malformed for f in self._files.values())
+
+    @property
+    def written_at(self) -> float | None:
+        """When a file last had a good line written (wall clock; None before any)."""
+        return max((f.written_at for f in self._files.values() if f.written_at), default=None)
 
     def poll(self) -> Reading | None:
         """Reads what changed; the worker's progress, None before any file had a good line."""
@@ -294,12 +301,16 @@ class Tracker:
         """(when, compute) samples of the window not yet sent."""
         self._sent_median: float | None = None
 
-    def observe(self, now: float, reading: Reading | None, malformed: int = 0) -> None:
+    def observe(
+        self, now: float, reading: Reading | None, malformed: int = 0, ago: float = 0.0
+    ) -> None:
+        """The poll at `now` read `reading`, written `ago` seconds before (the poll sees a
+        change up to a poll late; a stall counts from the write)."""
         self.malformed = malformed
         if reading is None:
             return
         if self.reading is None or reading.step != self.reading.step:
-            self.changed_at = now
+            self.changed_at = now - ago
             self.stalled_since = None
             if self._window is None:
                 self._window = (now, reading.step)

@@ -8,6 +8,8 @@ pod templates and condition types are the apiserver's alone: an object stored be
 still parse, and the pod builder (controller.policy.podspec) checks the template again.
 """
 
+import re
+import string
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -179,6 +181,7 @@ _CONTAINER_NAME_MAX: Final = 63
 _CONTAINERS_MAX: Final = 100
 _RULES_MAX: Final = 20
 _MATCHERS_MAX: Final = 20
+_MESSAGE_PATTERNS_MAX: Final = 8
 _ROLES_MAX: Final = 8
 _DEPENDENCIES_MAX: Final = 8
 # A role's name is part of its pods' names, `<job>-<role>-<index>`, which are DNS labels.
@@ -558,7 +561,81 @@ _MATCHERS: Final = (
     "onDeviceHealth",
     "onNodeConditions",
     "onFailureClasses",
+    "onMessagePatterns",
 )
+
+MESSAGE_PATTERN_MAX: Final = 256
+MESSAGE_PATTERN_FLAGS: Final = re.ASCII
+"""How the controller compiles an `onMessagePatterns` pattern with Python's `re`: `\\d`, `\\w`,
+`\\s`, `\\b` of ASCII only, as in RE2."""
+
+_UNESCAPED: Final = r"(^|[^\\])(\\\\)*"
+_ESCAPES_ALIKE: Final = "dDsSwWbBnrtfv"
+_ESCAPES_APART: Final = "".join(
+    c for c in string.ascii_letters + string.digits if c not in _ESCAPES_ALIKE
+)
+MESSAGE_PATTERN_APART: Final = "|".join(
+    (
+        r"[^\x00-\x7f]",  # non-ASCII: RE2 and Python fold case differently beyond ASCII
+        _UNESCAPED + r"\$",  # end of text: Python's also matches before a final newline
+        _UNESCAPED + rf"\\[{_ESCAPES_APART}]",  # \p \z \Z \A \Q \x \1 ...: one side's only
+        _UNESCAPED + r"\(\?([^:i]|i[^:)])",  # (?= (?P< (?s) ...: only (?: (?i: (?i)
+        r".\(\?i\)",  # a global flag not at the start: Python refuses it, RE2 does not
+        _UNESCAPED + r"\[:",  # RE2's [:alpha:] classes; Python reads them as characters
+        _UNESCAPED + r"\{,",  # Python's {,n} repeats, RE2's is the literal text
+        _UNESCAPED + r"[*+?}]\+",  # Python's possessive repeats
+    )
+)
+"""A pattern part of which RE2 and Python's `re` read differently (or only one of them
+reads): `onMessagePatterns` takes none. Itself in that common subset, so the apiserver's CEL
+(RE2) and the controller's `re` find the same."""
+
+_MESSAGE_PATTERN_RULE: Final = (
+    "a pattern of onMessagePatterns must be valid RE2 within the part Python's re reads alike: "
+    "ASCII only; no $ (match the text before it); escapes only \\d \\D \\s \\S \\w \\W \\b \\B "
+    "\\n \\r \\t \\f \\v and of punctuation; groups only ( (?: (?i: and (?i) at the start; "
+    "no [:class:], {,n} or possessive repeats"
+)
+
+
+def message_pattern_error(pattern: str) -> str | None:
+    """Why `pattern` is no valid `onMessagePatterns` pattern, or None: it must be in the subset
+    of RE2 that Python's `re` reads alike (the apiserver's CEL also compiles it as RE2)."""
+    if re.search(MESSAGE_PATTERN_APART, pattern):
+        return _MESSAGE_PATTERN_RULE
+    try:
+        re.compile(pattern, MESSAGE_PATTERN_FLAGS)
+    except re.error as e:
+        return f"{_MESSAGE_PATTERN_RULE}: {e}"
+    return None
+
+
+def _check_message_pattern(pattern: str) -> str:
+    error = message_pattern_error(pattern)
+    if error is not None:
+        raise ValueError(error)
+    return pattern
+
+
+MessagePattern = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=MESSAGE_PATTERN_MAX,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    # `matches` compiles its argument as RE2: an invalid one fails the rule.
+                    "rule": "!self.matches(r'" + MESSAGE_PATTERN_APART + "') && "
+                    "type(''.matches(self)) == bool",
+                    "message": _MESSAGE_PATTERN_RULE,
+                },
+            ],
+        },
+    ),
+    AfterValidator(_check_message_pattern),
+]
+"""One `onMessagePatterns` pattern."""
 
 
 class FailurePolicyRule(_Model):
@@ -607,6 +684,21 @@ class FailurePolicyRule(_Model):
         "e.g. `[Hang]`.",
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
+    on_message_patterns: (
+        Annotated[list[MessagePattern], Field(min_length=1, max_length=_MESSAGE_PATTERNS_MAX)]
+        | None
+    ) = Field(
+        default=None,
+        description="Matches when the trainer's termination message at this failure (what it "
+        "wrote to `terminationMessagePath`, `/dev/termination-log`, or with "
+        "`terminationMessagePolicy: FallbackToLogsOnError` its log's last lines) contains a "
+        "match of any of these regular expressions, as JobSet's `onJobFailureMessagePatterns`, "
+        'e.g. `["NCCL error", "CUDA error: an illegal memory access"]`. RE2 syntax, within '
+        "the part that Python's `re` reads alike (admission refuses the rest, naming it): ASCII, "
+        "no `$`, escapes `\\d \\s \\w \\b` (ASCII, as RE2's) and their negations, `\\n "
+        "\\r \\t \\f \\v` and punctuation, groups `(...)`, `(?:...)`, `(?i:...)` and a "
+        "leading `(?i)`.",
+    )
     counts_towards_max_restarts: bool | None = Field(
         default=None,
         description="Whether a restart by this rule counts against `spec.restart.maxRestarts`. "
@@ -629,6 +721,7 @@ class FailurePolicyRule(_Model):
             self.on_device_health,
             self.on_node_conditions,
             self.on_failure_classes,
+            self.on_message_patterns,
         )
         if sum(matcher is not None for matcher in matchers) != 1:
             raise ValueError("a rule must set exactly one of " + ", ".join(_MATCHERS))
@@ -669,8 +762,29 @@ class GangSchedulingMode(StrEnum):
     OFF = "Off"
 
 
+LABEL_KEY_PATTERN: Final = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+"""A node label key: an optional DNS-subdomain prefix and `/`, then a name."""
+
+
 class SchedulingSpec(_Model):
     """How the gang's pods are scheduled."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    # A PodGroup's constraints are immutable, and so the gang's domain.
+                    "rule": "has(self.topologyKey) == has(oldSelf.topologyKey) && "
+                    "(!has(self.topologyKey) || self.topologyKey == oldSelf.topologyKey)",
+                    "message": "spec.scheduling.topologyKey is immutable",
+                    "fieldPath": ".topologyKey",
+                },
+            ],
+        },
+    )
 
     gang: GangSchedulingMode = Field(
         default=GangSchedulingMode.AUTO,
@@ -678,7 +792,24 @@ class SchedulingSpec(_Model):
         "the controller creates a Workload and a PodGroup whose gang policy's `minCount` is "
         "`replicas`, and links every worker to it, so that kube-scheduler binds no worker "
         "until all of them fit; elsewhere workers are scheduled one by one, as with `Off`. "
-        "The `GangScheduling` condition says which is in force.",
+        "The `GangScheduling` condition says which is in force. Where the cluster keeps a "
+        "PodGroup's `disruptionMode` (feature gate `WorkloadAwarePreemption`, alpha), the "
+        "PodGroup asks to be preempted only whole, at the priority of the template's "
+        "`priorityClassName`: a preempted gang then restarts once (class `Preempted`, not "
+        "counted) and waits, unbound, until it fits whole again.",
+    )
+    topology_key: str | None = Field(
+        default=None,
+        max_length=_LABEL_KEY_MAX,
+        pattern=LABEL_KEY_PATTERN,
+        description="A node label, e.g. `topology.kubernetes.io/rack`: every worker of the gang "
+        "is placed in one domain of it (nodes with one value of the label), through the "
+        "PodGroup's `schedulingConstraints.topology`, which kube-scheduler 1.36 enforces "
+        "(feature gate `TopologyAwareWorkloadScheduling`, alpha; docs/scheduling.md). A worker "
+        "recreated later joins the domain of the workers still bound. Needs gang scheduling in "
+        "force; where the cluster does not keep the constraint, the gang runs unconstrained and "
+        "the `GangScheduling` condition says so. A gang that fits in no domain stays Pending, "
+        "and `Stuck` says why. Immutable.",
     )
 
 
@@ -1048,6 +1179,15 @@ class GangJobSpec(_Model):
     suspend: bool = Field(
         default=False,
         description="Suspend the job: its pods are deleted and none are created until false.",
+    )
+    active_deadline_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        description="Fail the job (reason `DeadlineExceeded`) once this many seconds have passed "
+        "since `status.startTime`, as a Kubernetes Job's `activeDeadlineSeconds`: time spent "
+        "restarting, recreating workers or waiting to be scheduled counts, and so does time "
+        "suspended (the clock is not reset on resume). Its workers are then cleaned up as "
+        "`cleanPodPolicy` says. Unset: no deadline.",
     )
     ttl_seconds_after_finished: int | None = Field(
         default=None,

@@ -1,43 +1,45 @@
-"""`gangjob`: submit a GangJob, follow it, restart it, delete it, with your kubeconfig.
+"""`gangjob` (also `kubectl gangjob`): submit a GangJob, follow it, restart it, delete it, with
+your kubeconfig.
 
     gangjob submit --image IMG --workers 2 --processes 2 -- torchrun train.py
+    gangjob list -A
     gangjob status JOB
     gangjob logs JOB --rank 1 -f
     gangjob restart JOB
+    gangjob report JOB -o job.png
     gangjob delete JOB
+    source <(gangjob completion bash)
 
-Talks to the cluster through the project's API client (`controller.k8s`) and builds GangJobs
-with the one builder (`api.builders`), so a job it submits is one a user would write.
+A thin layer over the Python client (`gangjob.AsyncClient`): flags in, the client's calls, text
+out.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
-import secrets
-import string
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
 import yaml
 
-from api import builders
 from api.constants import ANNOTATION_RESTART, NPROC_AUTO
 from api.v1alpha1 import RestartMode
-from cli.logs import TERMINAL, logs
-from cli.render import status_lines
-from controller.k8s import CONFIGMAPS, GANGJOBS, ApiError, JsonDict, Kube, NotFound
+from cli import completion
+from cli.render import list_lines, status_lines
+from cli.timeline import ReportError
+from controller.k8s import ApiError, JsonDict, NotFound
+from gangjob import spec as specmod
+from gangjob.client import AsyncClient, JobError, context_namespace
+from gangjob.model import Job
+from gangjob.spec import CHECKPOINTS_DIR, PROGRAM_DIR, SpecError
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
-PROGRAM_DIR = "/program"
-PROGRAM_VOLUME = "program"
-CHECKPOINTS_DIR = "/checkpoints"
-CHECKPOINTS_VOLUME = "checkpoints"
+__all__ = ["UsageError", "context_namespace", "main", "manifest_from_args", "parser"]
 
 
 # --- the parser ---------------------------------------------------------------------------------
@@ -62,7 +64,7 @@ def _env(value: str) -> tuple[str, str]:
     return name, val
 
 
-def parser() -> argparse.ArgumentParser:
+def parser(prog: str = "gangjob") -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)"
@@ -73,7 +75,7 @@ def parser() -> argparse.ArgumentParser:
     )
 
     p = argparse.ArgumentParser(
-        prog="gangjob",
+        prog=prog,
         description="Run distributed training as a GangJob: a gang of worker pods that restarts "
         "in place, together, when one fails. Uses your kubeconfig.",
         epilog="`gangjob COMMAND --help` documents each command.",
@@ -138,6 +140,48 @@ def parser() -> argparse.ArgumentParser:
     )
     status.add_argument("job", help="the GangJob's name")
 
+    listing = sub.add_parser(
+        "list",
+        parents=[common],
+        help="every GangJob of the namespace (or all): phase, workers, epoch, restarts, step, "
+        "goodput",
+        description="One line per GangJob, as `kubectl get` prints them: phase, workers ready, "
+        "epoch, gang restarts, and the training step and goodput of jobs whose trainers report "
+        "progress (`-` otherwise).",
+    )
+    listing.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="the jobs of every namespace"
+    )
+    listing.add_argument(
+        "-o", "--output", choices=["wide", "name"], default="wide",
+        help="`name`: only resource/name, one a line (default: the table)",
+    )  # fmt: skip
+
+    report = sub.add_parser(
+        "report",
+        parents=[common],
+        help="the job's timeline as a picture (PNG or SVG): step over time, restarts, lost work",
+        description="Write a picture of the job's history: its training step over time (the "
+        "epochs, for a job without progress reports), each restart marked with its class and "
+        "duration, the work lost to it shaded. Needs matplotlib (`pip install "
+        "'gangjob[report]'`).",
+    )
+    report.add_argument("job", help="the GangJob's name")
+    report.add_argument(
+        "-o", "--output", type=Path,
+        help="the file to write, .png or .svg (default: JOB-timeline.png here)",
+    )  # fmt: skip
+
+    comp = sub.add_parser(
+        "completion",
+        help="print the shell completion script (bash, zsh or fish)",
+        description="Print a script that completes gangjob's commands, flags and job names. "
+        "bash: `source <(gangjob completion bash)`; zsh: `source <(gangjob completion zsh)`; "
+        "fish: `gangjob completion fish | source`. `kubectl gangjob` completes through the "
+        "`kubectl_complete-gangjob` script installed beside it.",
+    )
+    comp.add_argument("shell", choices=sorted(completion.SCRIPTS), help="the shell")
+
     logs = sub.add_parser(
         "logs",
         parents=[common],
@@ -181,28 +225,8 @@ class UsageError(Exception):
     """A command line that cannot be run; the message names the flag and the rule."""
 
 
-def context_namespace(kubeconfig: str | None, context: str | None) -> str:
-    """The namespace of the kubeconfig's context, as kubectl takes it; `default` without one."""
-    path = kubeconfig or (os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or None)
-    file = Path(path) if path else Path.home() / ".kube" / "config"
-    try:
-        config = yaml.safe_load(file.read_text()) or {}
-    except (OSError, yaml.YAMLError):
-        return "default"
-    name = context or config.get("current-context")
-    for entry in config.get("contexts") or []:
-        if entry.get("name") == name:
-            return str((entry.get("context") or {}).get("namespace") or "default")
-    return "default"
-
-
-def random_name() -> str:
-    suffix = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(5))
-    return f"train-{suffix}"
-
-
 def manifest_from_args(args: argparse.Namespace, namespace: str) -> JsonDict:
-    """The GangJob of `submit`'s flags, by `api.builders.gangjob`; or the one of `-f`."""
+    """The GangJob of `submit`'s flags (`gangjob.spec.manifest`); or the one of `-f`."""
     if args.filename is not None:
         given = ("image", "workers", "processes", "mode", "checkpoints")
         flags = [f"--{f}" for f in given if getattr(args, f)]
@@ -215,168 +239,129 @@ def manifest_from_args(args: argparse.Namespace, namespace: str) -> JsonDict:
         if args.name:
             body["metadata"]["name"] = args.name
         return body
-    if not args.image:
-        raise UsageError("--image: required (or -f FILE)")
-    if not args.workers or args.workers < 1:
-        raise UsageError("--workers: required, an integer >= 1")
-    if not args.trainer_command:
-        raise UsageError("COMMAND: give the trainer's command after `--`")
-    container: JsonDict = {}
-    if args.env:
-        container["env"] = [{"name": k, "value": v} for k, v in args.env]
-    if args.gpus:
-        gpus = {"nvidia.com/gpu": str(args.gpus)}
-        container["resources"] = {"limits": gpus, "requests": dict(gpus)}
-    name = args.name or random_name()
-    pod_spec: JsonDict = {}
-    if args.program:
-        container["workingDir"] = PROGRAM_DIR
-        mount = {"name": PROGRAM_VOLUME, "mountPath": PROGRAM_DIR, "readOnly": True}
-        container["volumeMounts"] = [mount]
-        volume = {"name": PROGRAM_VOLUME, "configMap": {"name": program_configmap(name)}}
-        pod_spec["volumes"] = [volume]
-    if args.checkpoints:
-        mount = {"name": CHECKPOINTS_VOLUME, "mountPath": CHECKPOINTS_DIR}
-        container["volumeMounts"] = [*container.get("volumeMounts", []), mount]
-        pod_spec["volumes"] = [*pod_spec.get("volumes", []), checkpoints_volume(args.checkpoints)]
-    spec: JsonDict = {}
-    if args.processes is not None:
-        spec["nprocPerNode"] = args.processes
-    return builders.gangjob(
-        name,
-        args.workers,
-        pod_spec=pod_spec,
-        namespace=namespace,
-        image=args.image,
-        command=args.trainer_command,
-        container=container,
-        restart_mode=args.mode,
-        max_restarts=args.max_restarts,
-        spec=spec,
-    )
+    try:
+        return specmod.manifest(
+            name=args.name or specmod.random_name(), namespace=namespace, image=args.image,
+            workers=args.workers, command=args.trainer_command, processes=args.processes,
+            gpus=args.gpus, env=dict(args.env), mode=args.mode, max_restarts=args.max_restarts,
+            with_program=bool(args.program), checkpoints=args.checkpoints,
+        )  # fmt: skip
+    except SpecError as e:
+        raise UsageError(_flag_error(e)) from e
 
 
-def checkpoints_volume(where: str) -> JsonDict:
-    """`--checkpoints`: `pvc:CLAIM` or a host path."""
-    claim = where.removeprefix("pvc:")
-    if claim != where:
-        if not claim:
-            raise UsageError("--checkpoints pvc:CLAIM: the claim's name is missing")
-        return {"name": CHECKPOINTS_VOLUME, "persistentVolumeClaim": {"claimName": claim}}
-    if not where.startswith("/"):
-        raise UsageError(f"--checkpoints {where}: a host path is absolute (or pvc:CLAIM)")
-    host_path = {"path": where, "type": "DirectoryOrCreate"}
-    return {"name": CHECKPOINTS_VOLUME, "hostPath": host_path}
+def _flag_error(e: SpecError) -> str:
+    flag = "COMMAND" if e.field == "command" else f"--{e.field.replace('_', '-')}"
+    rule = "give the trainer's command after `--`" if e.field == "command" else e.rule
+    return f"{flag}{'' if e.value is None else f' {e.value}'}: {rule}"
 
 
-def program_configmap(job: str) -> str:
-    return f"{job}-program"
-
-
-def program_files(paths: Sequence[Path]) -> dict[str, str]:
-    """`--program` files by name; raises UsageError naming one that cannot be read or clashes."""
-    files: dict[str, str] = {}
-    for path in paths:
-        if path.name in files:
-            raise UsageError(f"--program {path}: a second file named {path.name}")
-        try:
-            files[path.name] = path.read_text()
-        except (OSError, UnicodeDecodeError) as e:
-            raise UsageError(f"--program {path}: cannot read it as text ({e})") from e
-    return files
-
-
-async def submit(kube: Kube, args: argparse.Namespace, ns: str, out: TextIO) -> int:
+async def submit(client: AsyncClient, args: argparse.Namespace, out: TextIO) -> int:
     if args.program and args.filename is not None:
         raise UsageError("--program: not with -f (the manifest gives the job's volumes)")
-    files = program_files(args.program)
-    body = manifest_from_args(args, ns)
-    job_ns = body["metadata"].get("namespace", ns)
-    created = await kube.create(GANGJOBS, body, job_ns)
-    name = created["metadata"]["name"]
-    if files:
-        # Owned by the job, so that deleting the job deletes it; the kubelet waits for it
-        # before it starts a worker, so creating it second is safe.
-        owner = {
-            "apiVersion": created["apiVersion"],
-            "kind": created["kind"],
-            "name": name,
-            "uid": created["metadata"]["uid"],
-        }
-        configmap = {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": program_configmap(name), "ownerReferences": [owner]},
-            "data": files,
-        }
-        await kube.create(CONFIGMAPS, configmap, job_ns)
-    print(name, file=out)
+    try:
+        files = specmod.read_program_files(args.program)
+    except SpecError as e:
+        raise UsageError(_flag_error(e)) from e
+    job = await client.create(manifest_from_args(args, client.namespace), files=files)
+    print(job.name, file=out)
     return 0
 
 
-async def status(kube: Kube, args: argparse.Namespace, ns: str, out: TextIO) -> int:
-    job = await kube.get(GANGJOBS, args.job, ns)
-    for line in status_lines(job):
+async def status(client: AsyncClient, args: argparse.Namespace, out: TextIO) -> int:
+    for line in status_lines(await client.get_raw(args.job)):
         print(line, file=out)
     return 0
 
 
-async def restart(kube: Kube, args: argparse.Namespace, ns: str, out: TextIO) -> int:
-    job = await kube.get(GANGJOBS, args.job, ns)
-    st = job.get("status") or {}
-    if st.get("phase") in TERMINAL:
-        raise UsageError(f"{args.job}: the job has {st['phase'].lower()}; nothing to restart")
-    epoch = int(st.get("epoch") or 0)
-    patch = {"metadata": {"annotations": {ANNOTATION_RESTART: str(epoch)}}}
-    await kube.patch(GANGJOBS, args.job, patch, ns)
-    print(f"{args.job}: gang restart requested at epoch {epoch}", file=out)
-    if args.wait:
-        done = await _wait_job(
-            kube, ns, args.job,
-            lambda j: (j.get("status") or {}).get("barrierEpoch", -1) > epoch
-            or (j.get("status") or {}).get("phase") in TERMINAL,
-        )  # fmt: skip
-        print(f"{args.job}: running at epoch {done['status'].get('barrierEpoch')}", file=out)
+async def list_jobs(client: AsyncClient, args: argparse.Namespace, out: TextIO) -> int:
+    jobs = await client.list(all_namespaces=args.all_namespaces)
+    if args.output == "name":
+        for job in jobs:
+            print(f"gangjob.gangjob.io/{job.name}", file=out)
+        return 0
+    if not jobs:
+        where = "any namespace" if args.all_namespaces else f"{client.namespace} namespace"
+        print(f"No GangJobs found in {where}.", file=sys.stderr)
+        return 0
+    for line in list_lines(jobs, all_namespaces=args.all_namespaces):
+        print(line, file=out)
     return 0
 
 
-async def delete(kube: Kube, args: argparse.Namespace, ns: str, out: TextIO) -> int:
-    await kube.delete(GANGJOBS, args.job, ns, propagation_policy="Background")
+async def logs(client: AsyncClient, args: argparse.Namespace, out: TextIO) -> int:
+    await client.logs(args.job, rank=args.rank, follow=args.follow, out=out)
+    return 0
+
+
+async def restart(client: AsyncClient, args: argparse.Namespace, out: TextIO) -> int:
+    job = await client.get(args.job)
+    if job.finished:
+        raise UsageError(f"{args.job}: the job has {job.phase.lower()}; nothing to restart")
+    asked = await client.restart(args.job)
+    print(f"{args.job}: gang restart requested at epoch {asked.epoch}", file=out)
+    if args.wait:
+        epoch = asked.epoch
+
+        def restarted(j: Job) -> bool:
+            barrier = j.resource.status.barrier_epoch
+            return (barrier is not None and barrier > epoch) or j.finished
+
+        done = await client.wait(args.job, until=restarted)
+        print(f"{args.job}: running at epoch {done.resource.status.barrier_epoch}", file=out)
+    return 0
+
+
+async def delete(client: AsyncClient, args: argparse.Namespace, out: TextIO) -> int:
+    await client.delete(args.job)
     print(f"{args.job}: deleted", file=out)
     return 0
 
 
-async def _wait_job(kube: Kube, ns: str, name: str, done: Callable[[JsonDict], bool]) -> JsonDict:
-    while True:
-        job = await kube.get(GANGJOBS, name, ns)
-        if done(job):
-            return job
-        version = job["metadata"]["resourceVersion"]
-        async with contextlib.aclosing(
-            kube.watch(GANGJOBS, ns, field_selector=f"metadata.name={name}",
-                       resource_version=version, timeout_seconds=60)
-        ) as events:  # fmt: skip
-            async for event in events:
-                if event.type in ("ADDED", "MODIFIED") and done(event.object):
-                    return event.object
-                if event.type == "DELETED":
-                    raise UsageError(f"{name}: deleted")
-
-
-COMMANDS = {"submit": submit, "status": status, "logs": logs, "restart": restart, "delete": delete}
+COMMANDS = {
+    "submit": submit,
+    "status": status,
+    "list": list_jobs,
+    "logs": logs,
+    "restart": restart,
+    "delete": delete,
+}
 
 
 async def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
-    ns = args.namespace or context_namespace(args.kubeconfig, args.context)
-    async with await Kube.from_kubeconfig(args.kubeconfig, context=args.context) as kube:
-        return await COMMANDS[args.command](kube, args, ns, out)
+    if args.command == "report":
+        from cli.report import report  # matplotlib, an extra: imported only when asked for
+
+        command = report
+    else:
+        command = COMMANDS[args.command]
+    client = await AsyncClient.connect(
+        args.kubeconfig, context=args.context, namespace=args.namespace
+    )
+    async with client:
+        return await command(client, args, out)
+
+
+def program_name() -> str:
+    """`kubectl gangjob` when kubectl runs this as its plugin `kubectl-gangjob`."""
+    name = Path(sys.argv[0]).name
+    return "kubectl gangjob" if name.startswith("kubectl-") else "gangjob"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == [completion.COMPLETE]:
+        for word in completion.candidates(parser(), argv[1:]):
+            print(word)
+        return 0
+    p = parser(program_name())
+    args = p.parse_args(argv)
+    if args.command == "completion":
+        print(completion.SCRIPTS[args.shell](), end="")
+        return 0
     try:
         return asyncio.run(run(args))
-    except UsageError as e:
+    except (UsageError, SpecError, JobError) as e:
         print(f"gangjob {args.command}: {e}", file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:
@@ -386,7 +371,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NotFound as e:
         print(f"gangjob {args.command}: not found: {e}", file=sys.stderr)
         return EXIT_ERROR
-    except (ApiError, OSError) as e:
+    except (ApiError, OSError, TimeoutError) as e:
+        print(f"gangjob {args.command}: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    except ReportError as e:
         print(f"gangjob {args.command}: {e}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:

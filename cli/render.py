@@ -1,10 +1,13 @@
-"""What `gangjob status` prints of a GangJob: its state and its restart history as text tables.
-Pure: a GangJob dict in, lines out."""
+"""What `gangjob status` prints of a GangJob (its state and its restart history) and `gangjob
+list` of many, as text tables. Pure: GangJobs in, lines out."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
+
+from gangjob.model import Job
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -119,3 +122,45 @@ def status_lines(job: Mapping[str, Any]) -> list[str]:
         header = ["EPOCH", "TRIGGER", "CLASS", "ACTION", "DETECTED", "DURATION", "LOST", "DETAIL"]
         lines += table(header, rows)
     return lines
+
+
+def age(since: datetime | None, now: datetime) -> str:
+    """kubectl's short age: 45s, 12m, 3h4m, 2d5h."""
+    if since is None:
+        return "<unknown>"
+    seconds = max(0, int((now - since).total_seconds()))
+    if seconds < 120:
+        return f"{seconds}s"
+    minutes = seconds // 60
+    if minutes < 60:
+        return f"{minutes}m"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h{minutes}m" if minutes and hours < 6 else f"{hours}h"
+    days, hours = divmod(hours, 24)
+    return f"{days}d{hours}h" if hours and days < 8 else f"{days}d"
+
+
+def list_lines(
+    jobs: Sequence[Job], *, all_namespaces: bool, now: datetime | None = None
+) -> list[str]:
+    """One row per job: phase, workers ready, epoch, restarts, step, goodput, age."""
+    now = now or datetime.now(UTC)
+    header = ["NAME", "PHASE", "READY", "EPOCH", "RESTARTS", "STEP", "GOODPUT", "AGE"]
+    rows = [
+        [
+            job.name,
+            job.phase,
+            f"{job.workers_ready}/{job.workers}",
+            str(job.epoch),
+            str(job.restarts),
+            _text(job.step),
+            "-" if job.goodput is None else f"{100 * job.goodput:.1f}%",
+            age(job.resource.metadata.creation_timestamp, now),
+        ]
+        for job in jobs
+    ]
+    if all_namespaces:
+        header.insert(0, "NAMESPACE")
+        rows = [[job.namespace, *row] for job, row in zip(jobs, rows, strict=True)]
+    return table(header, rows)

@@ -35,7 +35,10 @@ from controller.k8s import (
     PODS,
     SERVICES,
     TOKENREVIEWS,
+    WORKLOADS,
+    ApiError,
     Conflict,
+    Invalid,
     JsonDict,
     Kube,
 )
@@ -49,6 +52,7 @@ from controller.k8s.store import (
     node_index,
 )
 from controller.k8s.transforms import strip_managed_fields, trim_node, trim_pod
+from controller.policy import scheduling
 from controller.policy.plan import PlanConfig
 from controller.policy.quarantine import QuarantineConfig
 from controller.quarantine import Quarantine
@@ -322,12 +326,37 @@ class Manager:
             log.warning("cannot label own pod %s/%s (%s): agents arrive by annotation", ns, name, e)
 
     async def _discover(self) -> None:
-        """What the cluster serves that plan depends on: the KEP-4671 PodGroup API."""
+        """What the cluster serves that plan depends on: the KEP-4671 PodGroup API, and whether
+        it keeps a PodGroup's topology constraint and disruption mode (alpha gates)."""
         served = await self.kube.served(PODGROUPS)
+        topology = served and await self._keeps("topology")
+        whole = served and await self._keeps("disruption")
         self.reconciler.config = dataclasses.replace(
-            self.reconciler.config, pod_groups_served=served
+            self.reconciler.config,
+            pod_groups_served=served,
+            pod_group_topology_served=topology,
+            pod_group_disruption_served=whole,
         )
-        log.info("scheduling.k8s.io/v1alpha2 PodGroups %s", "served" if served else "not served")
+        log.info(
+            "scheduling.k8s.io/v1alpha2 PodGroups %s%s%s",
+            "served" if served else "not served",
+            ", with topology constraints" if topology else "",
+            ", with whole-group disruption" if whole else "",
+        )
+
+    async def _keeps(self, feature: str) -> bool:
+        """A dry-run create of a Workload with the field of `feature`: an alpha field whose
+        gate is off is dropped or refused, so the answer says whether the gate is on."""
+        namespace = self.settings.namespace or "default"
+        probe = scheduling.probe_workload(feature)
+        try:
+            answer = await self.kube.create(WORKLOADS, probe, namespace, dry_run=True)
+        except Invalid:
+            return False
+        except ApiError as e:
+            log.warning("cannot learn whether PodGroup %s is kept (%s): taken as not", feature, e)
+            return False
+        return scheduling.keeps(answer, feature)
 
     async def _lead(self) -> None:
         self.is_leader = True

@@ -441,6 +441,10 @@ class Reconciler:
         if self.quarantine is not None and decided.failures:
             self.quarantine.record(f"{ns}/{name}", decided)
         metrics.EPOCH.labels(ns, name).set(decided.status.epoch)
+        if decided.status.barrier_epoch is not None:
+            metrics.BARRIER_EPOCH.labels(ns, name).set(decided.status.barrier_epoch)
+        for cond in decided.status.conditions:
+            metrics.CONDITION.labels(ns, name, cond.type).set(1 if cond.status == "True" else 0)
         done = decided.restart_finished
         if done is not None and done.barrier_open_at is not None:
             mode = str(decided.status.mode or job.spec.restart.mode)

@@ -62,7 +62,9 @@ def parser() -> argparse.ArgumentParser:
         "--gang-scheduling",
         action="store_true",
         help="serve scheduling.k8s.io/v1alpha2 (Workload, PodGroup) and enable the scheduler's "
-        "GangScheduling plugin (KEP-4671; gates GenericWorkload, GangScheduling)",
+        "gang, topology-aware and whole-group preemption plugins (KEP-4671, KEP-5732; gates "
+        "GenericWorkload, GangScheduling, TopologyAwareWorkloadScheduling, "
+        "WorkloadAwarePreemption)",
     )
 
     d = sub.add_parser("down", help="stop a cluster and undo its changes to the host")

@@ -67,9 +67,18 @@ class Options:
         return {**(GANG_SCHEDULING_GATES if self.gang_scheduling else {}), **self.feature_gates}
 
 
-GANG_SCHEDULING_GATES: dict[str, bool] = {"GenericWorkload": True, "GangScheduling": True}
-"""Both alpha and off by default in 1.36: `GenericWorkload` serves the Workload and PodGroup API
-(and `spec.schedulingGroup` on pods), `GangScheduling` (which requires it) the scheduler plugin."""
+GANG_SCHEDULING_GATES: dict[str, bool] = {
+    "GenericWorkload": True,
+    "GangScheduling": True,
+    "TopologyAwareWorkloadScheduling": True,
+    "WorkloadAwarePreemption": True,
+}
+"""All alpha and off by default in 1.36: `GenericWorkload` serves the Workload and PodGroup API
+(and `spec.schedulingGroup` on pods), `GangScheduling` (which requires it) the scheduler plugin;
+`TopologyAwareWorkloadScheduling` a PodGroup's `schedulingConstraints.topology` and the
+scheduler plugins that place a gang in one domain of a node label (`TopologyPlacementGenerator`,
+`PodGroupPodsCount`); `WorkloadAwarePreemption` a PodGroup's `disruptionMode` and
+`priorityClassName`, and the scheduler's preemption of whole PodGroups."""
 GANG_SCHEDULING_API = "scheduling.k8s.io/v1alpha2"
 
 
@@ -432,8 +441,9 @@ so does the simulation."""
 def scheduler_config(kubeconfig: Path, opts: Options) -> dict[str, Any]:
     """The KubeSchedulerConfiguration of a gang-scheduling cluster: the default profile with
     the `GangScheduling` plugin enabled at every extension point it implements (PreEnqueue,
-    Permit). 1.36 adds it to the defaults when its gate is on; naming it is what a cluster
-    whose scheduler runs from a configuration file needs, so it is spelt out here."""
+    Permit), and the topology-aware placement plugins. 1.36 adds them to the defaults when
+    their gates are on; naming them is what a cluster whose scheduler runs from a
+    configuration file needs, so they are spelt out here."""
     connection: dict[str, Any] = {"kubeconfig": str(kubeconfig)}
     if opts.scheduler_qps:
         connection.update(qps=opts.scheduler_qps, burst=2 * opts.scheduler_qps)
@@ -446,7 +456,15 @@ def scheduler_config(kubeconfig: Path, opts: Options) -> dict[str, Any]:
         "profiles": [
             {
                 "schedulerName": "default-scheduler",
-                "plugins": {"multiPoint": {"enabled": [{"name": "GangScheduling"}]}},
+                "plugins": {
+                    "multiPoint": {
+                        "enabled": [
+                            {"name": "GangScheduling"},
+                            {"name": "TopologyPlacementGenerator"},
+                            {"name": "PodGroupPodsCount", "weight": 1},
+                        ]
+                    }
+                },
             }
         ],
     }

@@ -1,8 +1,9 @@
 """`make demo`: a PyTorch DDP gang survives a killed worker, on a real kubelet on this machine.
 
 Builds what is missing (Kubernetes binaries, the trainer image), starts the `node` profile as
-cluster `demo`, installs the CRD, RBAC and admission policy, runs the controller (recorded with
-the cluster, so `localcluster down --name demo` stops it too), submits
+cluster `demo` with KEP-4671 gang scheduling on, installs the CRD, RBAC and admission policy,
+runs the controller (recorded with the cluster, so `localcluster down --name demo` stops it
+too), submits
 manifests/samples/pytorch-ddp.yaml, kills one worker's training process from the host, then
 stops (SIGSTOP) one, as a wedged device leaves a process, and shows what a user would watch: the
 GangJob's progress, each restart's Event, duration and what it cost, the trainer resuming from
@@ -37,6 +38,9 @@ SAMPLE = REPO / "manifests" / "samples" / "pytorch-ddp.yaml"
 NAMESPACE = "default"
 KILL_AFTER_STEP = 30
 HANG_AFTER_STEP = 90
+# What the product supports on a cluster that is set up well: KEP-4671 gang scheduling, so the
+# gang is admitted whole and no Event warns of a degraded mode.
+DEMO_OPTIONS = Options(profile="node", nodes=1, gang_scheduling=True)
 POLL = 0.5  # seconds between looks at the job: a demo prints, it does not need a watch
 
 
@@ -109,8 +113,17 @@ class Demo:
 
     # ---- the story ------------------------------------------------------------------------
     def setup(self) -> None:
-        banner(f"starting the local Kubernetes `{self.cluster.name}` (a real kubelet)")
-        self.cluster.up(Options(profile="node", nodes=1), sys.stdout)
+        banner(
+            f"starting the local Kubernetes `{self.cluster.name}` (a real kubelet, gang scheduling)"
+        )
+        if self.cluster.is_up() and not self.cluster.load().get("options", {}).get(
+            "gang_scheduling"
+        ):
+            # A cluster from before the demo asked for gang scheduling would show the degraded
+            # mode (`PodGroupAPINotServed`) instead of what a well-set-up cluster shows.
+            say(f"  `{self.cluster.name}` is up without gang scheduling: starting it anew")
+            self.cluster.down(sys.stdout)
+        self.cluster.up(DEMO_OPTIONS, sys.stdout)
         banner("the trainer image: Python 3.11, CPU PyTorch, manifests/samples/ddp/train.py")
         ensure_trainer_image(self.cluster, sys.stdout)
         banner("installing the GangJob CRD, RBAC, admission policy; starting the controller")
@@ -254,6 +267,11 @@ class Demo:
         )  # fmt: skip
         say("\n" + out.rstrip() + "\n")
 
+    def picture(self) -> None:
+        banner(f"the job's timeline: gangjob report {self.name}")
+        path = self.cluster.dir / f"{self.name}-timeline.png"
+        say("  " + gangjob(self.cluster, "report", self.name, "-o", str(path)).strip())
+
     def closing(self) -> None:
         kc = self.cluster.kubeconfig
         banner("look around")
@@ -262,6 +280,7 @@ class Demo:
   .venv/bin/localcluster kubectl --name {self.cluster.name} -- get gj {self.name} -o yaml   # status.lastRestart, history
   .venv/bin/localcluster kubectl --name {self.cluster.name} -- logs {self.name}-1 -c trainer
   .venv/bin/gangjob logs {self.name} --rank 1                  # the same, across its restarts
+  .venv/bin/gangjob list -A                                    # or: kubectl gangjob list -A
   .venv/bin/localcluster kubectl --name {self.cluster.name} -- get events
   cat {self.cluster.logs / "gangjob-controller.log"}
   ls {self.checkpoints}
@@ -270,14 +289,18 @@ Run it again: make demo (reuses the cluster). Clean up (stops the cluster and th
 the pod bridge): .venv/bin/localcluster down --name {self.cluster.name}""")  # noqa: E501
 
 
-def gangjob_status(cluster: Cluster, name: str) -> str:
-    """`gangjob status NAME`, as the user would run it."""
+def gangjob(cluster: Cluster, *args: str) -> str:
+    """`gangjob COMMAND ARGS...`, as the user would run it."""
     res = subprocess.run(
-        [sys.executable, "-m", "cli.main", "status", f"--kubeconfig={cluster.kubeconfig}",
-         "-n", NAMESPACE, name],
+        [sys.executable, "-m", "cli.main", args[0], f"--kubeconfig={cluster.kubeconfig}",
+         "-n", NAMESPACE, *args[1:]],
         capture_output=True, text=True, timeout=60, cwd=REPO,
     )  # fmt: skip
-    return res.stdout if res.returncode == 0 else f"gangjob status failed: {res.stderr}"
+    return res.stdout if res.returncode == 0 else f"gangjob {args[0]} failed: {res.stderr}"
+
+
+def gangjob_status(cluster: Cluster, name: str) -> str:
+    return gangjob(cluster, "status", name)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -302,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.watch_end()
     demo.closing()
     say(f"\ndemo took {time.monotonic() - t0:.0f}s")
+    demo.picture()
     return 0
 
 

@@ -1,7 +1,8 @@
 """What a test run needs built, done before its first test starts: a cold build takes minutes
-(helm about 9, Kueue about 10 on two cores), and inside a test it would run under pytest's
-per-test timeout and be charged to that test. Any test on a cluster (tests/integration,
-tests/e2e) needs the pinned Kubernetes binaries; a few test files need an add-on too."""
+(helm about 9, Kueue about 10 on two cores; Prometheus is a download), and inside a test it
+would run under pytest's per-test timeout and be charged to that test. Any test on a cluster
+(tests/integration, tests/e2e) needs the pinned Kubernetes binaries; a few test files need an
+add-on too."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Final, TextIO
 
-from localcluster import build, helm, jobset, kueue
+from localcluster import build, helm, jobset, kueue, prometheus
 
 KUBERNETES: Final = "kubernetes"
 CLUSTER_TIERS: Final = frozenset({"integration", "e2e"})
@@ -19,6 +20,8 @@ ADDONS: Final[dict[str, str]] = {
     "test_chart.py": "helm",
     "test_kueue.py": "kueue",
     "test_jobset_peer.py": "jobset",
+    "test_monitoring.py": "prometheus",
+    "test_in_cluster.py": "prometheus",
 }
 """Test file -> the add-on it runs."""
 BUILDS: Final[dict[str, Callable[[TextIO], object]]] = {
@@ -26,6 +29,7 @@ BUILDS: Final[dict[str, Callable[[TextIO], object]]] = {
     "helm": helm.ensure_built,
     "kueue": kueue.MANAGER.ensure_built,
     "jobset": jobset.CONTROLLER.ensure_built,
+    "prometheus": prometheus.ensure_built,
 }
 """What builds each component (each a no-op once it is in the cache)."""
 

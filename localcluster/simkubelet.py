@@ -20,10 +20,12 @@ kubelet 1.36 does:
 - `Process` mode runs the real agent with `SimTrainer` runs for its trainer (no process, so
   thousands fit): `crash` ends the running one with a code; the agent's own exit ends the
   trainer container and the pod (Succeeded on 0, else Failed);
-- with `progress` (`SimProgress`), each `Process`-mode trainer run reports its steps (and
+- with `progress` (`SimProgress`), each trainer run of its jobs reports its steps (and
   checkpoints) to the agent's progress file, as the contract of docs/progress.md says, and the
   agent follows them with its real monitor (hangSeconds and the summary period from the pod's
-  agent environment); `hang` makes one run stop reporting while it keeps running;
+  agent environment): in `Process` mode the agent's own runs; in `Pod` mode a stand-in for
+  the trainer container the kubelet runs, from its agent's barrier open to the pod's restart;
+  `hang` makes one run stop reporting while it keeps running;
 - a terminating pod labelled `SIMULATED_KUBELET_LABEL` is removed by a delete for its UID once
   its agent is stopped (KWOK, which deletes by name, is told to leave such pods alone: its late
   deletes removed recreated pods of the same name);
@@ -80,6 +82,7 @@ from api.constants import (
     ENV_PROGRESS_SUMMARY_SECONDS,
     LABEL_NAME,
     LABEL_RANK,
+    PROGRESS_FILE,
     RESTART_EXIT_CODE,
     AgentPlacement,
 )
@@ -169,7 +172,8 @@ def trainer_command(pod: JsonDict, trainer: str) -> list[str]:
 @dataclass(frozen=True)
 class SimProgress:
     """How the stand-in trainers report progress: `steps_per_second` from the start of each run
-    (step 0 at once), a checkpoint every `checkpoint_every` steps (0: none).
+    (step 0 at once), a checkpoint every `checkpoint_every` steps (0: none); only the workers of
+    `jobs` (None: of every job), so that gangs with and without progress run side by side.
 
     With `compute_seconds`, each step's line also says `compute=`: a healthy worker's compute
     per step, times its slowness (`SimKubelet.degrade`, `SimKubelet.slow`), times 1 +/-
@@ -184,9 +188,14 @@ class SimProgress:
 
     steps_per_second: float = 1.0
     checkpoint_every: int = 0
+    jobs: frozenset[str] | None = None
     compute_seconds: float | None = None
     jitter: float = 0.0
     seed: int = 0
+
+    def follows(self, job: str) -> bool:
+        """Whether the workers of `job` report progress."""
+        return self.jobs is None or job in self.jobs
 
     def step_seconds(self, slowest: float = 1.0) -> float:
         """A step of the gang whose slowest running worker computes `slowest` times the
@@ -326,9 +335,10 @@ class Worker:
     visible in the API. A status replaced before it was sent is marked by the write of the one
     replacing it."""
     trainer: SimTrainer | None = None
-    """`Process` mode: the agent's latest trainer run."""
+    """`Process` mode: the agent's latest trainer run. `Pod` mode with progress: the trainer
+    container's stand-in while it runs."""
     trainer_runs: list[SimTrainer] = field(default_factory=list)
-    """`Process` mode: every trainer run of this pod, the latest last."""
+    """Every trainer run of this pod (`Pod` mode: with progress), the latest last."""
     next_exit: int | None = None
     """`Process` mode: the exit code of the next trainer run, at once (`SimKubelet.crash` while
     no run was going)."""
@@ -366,7 +376,7 @@ class SimKubelet:
         exit to the kubelet's status that every container stopped and starts again (its
         restart condition gone); `start_delay`: a new pod Running (by KWOK) to its agent
         running. `kubelet_concurrency` bounds this kubelet's requests to the apiserver.
-        `progress`: the `Process`-mode trainers report steps and the agents follow them (None:
+        `progress`: the trainers of its jobs report steps and their agents follow them (None:
         no trainer reports and no agent reads progress)."""
         self.api = api
         self.progress = progress
@@ -565,7 +575,8 @@ class SimKubelet:
         self.workers[name] = w
         if why:
             w.events.append(why)
-        env = agent_env(pod) if self.progress is not None else {}
+        progress = self.progress is not None and self.progress.follows(job)
+        env = agent_env(pod) if progress else {}
         config = Config(
             job_name=job,
             pod_name=name,
@@ -576,7 +587,7 @@ class SimKubelet:
             pod_uid=uid,
             arrival_url=self.arrival_url,
             arrival_token_file=wdir / f"arrival-token-{uid}",
-            progress_poll_seconds=PROGRESS_POLL_SECONDS if self.progress is not None else None,
+            progress_poll_seconds=PROGRESS_POLL_SECONDS if progress else None,
             hang_seconds=_seconds(env, ENV_HANG_SECONDS),
             progress_summary_seconds=_seconds(env, ENV_PROGRESS_SUMMARY_SECONDS)
             or DEFAULT_PROGRESS_SUMMARY_SECONDS,
@@ -662,8 +673,18 @@ class SimKubelet:
 
     def _stop_worker(self, name: str) -> None:
         w = self.workers.pop(name, None)
+        if w is not None:
+            self._stop_trainer(w)
         if w is not None and w.agent is not None:
             w.agent.stop()
+
+    @staticmethod
+    def _stop_trainer(w: Worker) -> None:
+        """`Pod` mode: the kubelet stops the trainer container (its stand-in reports no more).
+        `Process` mode's runs are the agent's to stop."""
+        if w.mode is not AgentPlacement.WRAPPER and w.trainer is not None:
+            w.trainer.exit(STOPPED_EXIT_CODE)
+            w.trainer = None
 
     def _agent_done(self, w: Worker, task: asyncio.Task[int]) -> None:
         self._poke()
@@ -704,6 +725,7 @@ class SimKubelet:
         containers run again `restart_delay` after the agent ended, whenever the status writes
         saying so land: the node does not wait for the apiserver."""
         w.events.append(f"restart-all: {why}")
+        self._stop_trainer(w)
         if w.agent is not None:
             w.agent.stop()
         if w.task is not None:
@@ -746,7 +768,7 @@ class SimKubelet:
 
         def exceeded(status: JsonDict) -> None:
             ended = {c["name"] for c in _containers(status) if "terminated" in c.get("state", {})}
-            _terminated(stamp, lambda c: None if c in ended else 137, status)
+            _terminated(stamp, lambda c: None if c in ended else 137, {}, status)
             status["phase"], status["reason"] = "Failed", "DeadlineExceeded"
 
         self._set_status(w, "deadline", exceeded)
@@ -758,7 +780,7 @@ class SimKubelet:
         trainer = self.trainer
         self._set_status(
             w, "exited",
-            functools.partial(_terminated, _now(), lambda c: code if c == trainer else None),
+            functools.partial(_terminated, _now(), lambda c: code if c == trainer else None, {}),
         )  # fmt: skip
 
     # -- failure injection (what a test does to a worker) --------------------------------
@@ -770,11 +792,13 @@ class SimKubelet:
                 return name
         raise KeyError(f"no pod of worker {rank} of {job}")
 
-    async def crash(self, name: str, code: int) -> None:
+    async def crash(self, name: str, code: int, message: str | None = None) -> None:
         """The worker's trainer exits with `code`, as a real one would. `Pod` mode: a code of
         the trainer's `RestartAllContainers` rule restarts the pod in place (returns once its
-        new agent started), any other leaves the pod Failed. `Process` mode: the agent's
-        stand-in trainer run ends with `code` (the next run, at once, if none is going)."""
+        new agent started), any other leaves the pod Failed, the trainer terminated with
+        `message` (what it wrote to its termination log, which the kubelet reads into the
+        status). `Process` mode: the agent's stand-in trainer run ends with `code` (the next
+        run, at once, if none is going)."""
         w = self.workers[name]
         if w.mode is AgentPlacement.WRAPPER:
             if w.trainer is not None and w.trainer.running:
@@ -793,16 +817,18 @@ class SimKubelet:
         trainer = self.trainer
         self._set_status(
             w, "failed",
-            functools.partial(_terminated, _now(), lambda c: code if c == trainer else 0),
+            functools.partial(
+                _terminated, _now(), lambda c: code if c == trainer else 0, {trainer: message}
+            ),
         )  # fmt: skip
 
     def hang(self, name: str) -> SimTrainer:
         """The worker's trainer run stops reporting progress and keeps running, as a wedged
-        device or a stuck collective leaves it (`Process` mode with `progress`). Returns the
+        device or a stuck collective leaves it (a worker with `progress`). Returns the
         run: its `reported_at` is its last step's time."""
         w = self.workers[name]
         run = w.trainer
-        if w.mode is not AgentPlacement.WRAPPER or run is None or not run.running:
+        if run is None or not run.running:
             raise RuntimeError(f"{name}: no stand-in trainer runs")
         run.hang()
         return run
@@ -844,6 +870,7 @@ class SimKubelet:
         w = self.workers.get(name)
         if w is not None:
             w.lost = True
+            self._stop_trainer(w)
             if w.agent is not None:
                 w.agent.stop()
 
@@ -853,11 +880,12 @@ class SimKubelet:
         while True:
             now = time.monotonic()
             reported = False
-            if progress.compute_seconds is None:
-                for w in self.workers.values():
-                    if w.trainer is not None:
-                        reported |= w.trainer.report(now, progress)
-            else:
+            for w in self.workers.values():
+                if w.trainer is None and w.agent is not None and w.agent.progress is not None:
+                    self._start_pod_trainer(w, now)
+                if w.trainer is not None and progress.compute_seconds is None:
+                    reported |= w.trainer.report(now, progress)
+            if progress.compute_seconds is not None:
                 reported = self._step_gangs(now, progress)
             if reported:
                 self._poke()
@@ -879,6 +907,20 @@ class SimKubelet:
             for run, slowness in runs:
                 reported |= run.report(now, progress, step, slowness)
         return reported
+
+    @staticmethod
+    def _start_pod_trainer(w: Worker, now: float) -> None:
+        """`Pod` mode: the kubelet starts the trainer container once its agent's barrier is
+        open (the agent's startup probe); its stand-in reports to the agent's progress file, as
+        the pod builder's `GANGJOB_PROGRESS` points the real one."""
+        assert w.agent is not None
+        state = w.agent.state
+        if w.mode is AgentPlacement.WRAPPER or not state.barrier_open:
+            return
+        env = {ENV_PROGRESS: str(w.dir / PROGRESS_FILE), ENV_EPOCH: str(state.epoch)}
+        w.trainer = SimTrainer([], env)
+        w.trainer.started_at = now
+        w.trainer_runs.append(w.trainer)
 
     # -- observing -----------------------------------------------------------------------
     async def wait(self, predicate: Callable[[SimKubelet], bool], timeout: float = 30.0) -> None:
@@ -961,9 +1003,15 @@ def _running(stamp: str, status: JsonDict) -> None:
         c["started"] = True
 
 
-def _terminated(stamp: str, codes: Callable[[str], int | None], status: JsonDict) -> None:
-    """Containers ended, each with `codes(name)` (None: left as it is), and with them the pod
-    (`restartPolicy: Never`): Failed if one failed, else Succeeded."""
+def _terminated(
+    stamp: str,
+    codes: Callable[[str], int | None],
+    messages: Mapping[str, str | None],
+    status: JsonDict,
+) -> None:
+    """Containers ended, each with `codes(name)` (None: left as it is) and its termination
+    message of `messages`, and with them the pod (`restartPolicy: Never`): Failed if one
+    failed, else Succeeded."""
     _ready(status, "False", stamp)
     failed = False
     for c in _containers(status):
@@ -971,7 +1019,9 @@ def _terminated(stamp: str, codes: Callable[[str], int | None], status: JsonDict
         if code is None:
             continue
         failed |= code != 0
-        term = {"exitCode": code, "reason": "Error" if code else "Completed"}
+        term: JsonDict = {"exitCode": code, "reason": "Error" if code else "Completed"}
+        if messages.get(c["name"]):
+            term["message"] = messages[c["name"]]
         c["state"] = {"terminated": {**term, "startedAt": stamp, "finishedAt": stamp}}
         c["ready"] = False
     status["phase"] = "Failed" if failed else "Succeeded"

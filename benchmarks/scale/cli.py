@@ -13,6 +13,7 @@ from benchmarks.scale.settings import (
     PEER_MAX_SIZE,
     PEER_QPS,
     PEERS,
+    PROGRESS_WINDOW_S,
     SELECTABLE_MODES,
     Settings,
 )
@@ -77,6 +78,21 @@ def main() -> int:
         help="the controller-manager's client QPS for the peer's second row (burst 2x; "
         "default %(default)s)",
     )
+    p.add_argument(
+        "--progress",
+        action="store_true",
+        help="measure in-place and process again with every trainer reporting progress (its "
+        "agent summarising to the controller), side by side, and the controller's CPU, API "
+        "requests, GangJob writes and progress summaries over a steady window with and "
+        "without",
+    )
+    p.add_argument(
+        "--progress-window",
+        type=float,
+        default=PROGRESS_WINDOW_S,
+        metavar="SECONDS",
+        help="the steady window of --progress (default %(default)s)",
+    )
     p.add_argument("--cluster", default="bench", help="local cluster to use (started if down)")
     p.add_argument(
         "--name",
@@ -99,6 +115,7 @@ def main() -> int:
         sizes=sizes, reps=a.reps, restart_delay=a.restart_delay, start_delay=a.start_delay,
         modes=modes, peers=peers, peer_max_size=a.peer_max_size, peer_qps=a.peer_qps,
         scheduler_qps=a.scheduler_qps, endpoint_batch=a.endpoint_batch,
-        cluster=a.cluster, keep=a.keep, name=a.name,
+        cluster=a.cluster, keep=a.keep, name=a.name, progress=a.progress,
+        progress_window=a.progress_window,
     )  # fmt: skip
     return asyncio.run(run(settings))

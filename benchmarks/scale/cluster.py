@@ -64,9 +64,12 @@ class World:
             pids["jobset-controller"] = self.peer.pid
         return pids
 
-    def sample_rss(self) -> None:
+    def sample_rss(self) -> float:
+        """The controller's RSS now (MiB), kept in `rss_max` if the largest yet."""
         assert self.ctl.proc is not None
-        self.rss_max = max(self.rss_max, rss_mib(self.ctl.proc.pid))
+        rss = rss_mib(self.ctl.proc.pid)
+        self.rss_max = max(self.rss_max, rss)
+        return rss
 
     def timeout(self, per_pod: float, base: float = 90.0) -> float:
         return base + per_pod * self.n

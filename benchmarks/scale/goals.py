@@ -25,6 +25,16 @@ API_GROWTH_MAX = 1.5
 most this many times the smallest N's (plus `API_GROWTH_SLACK`): progress-only writes (at most
 one a second) grow with a restart's duration, not with N."""
 API_GROWTH_SLACK = 5
+PROGRESS_CPU_SHARE_MAX, PROGRESS_WRITES_PER_30S_MAX, PROGRESS_AT = 0.02, 1.0, 5000
+"""With every agent reporting: the controller's CPU that progress adds (a share of one core),
+and the GangJob's writes per 30 s, in a steady window."""
+PROGRESS_OVER_OFF_MAX, PROGRESS_RESTART_AT = 1.10, 1000
+"""In-place restart with progress on / off (same run)."""
+IN_A_ROW, IN_A_ROW_AT, IN_A_ROW_SLOWER_MAX = 10, 1000, 1.20
+"""`--reps 10` restarts of one gang in a row: the tenth within 20% of the first."""
+RSS_GROWTH_MAX_MIB, RSS_GROWTH_MAX_SHARE = 10.0, 0.05
+"""The controller's RSS after the last of them against after the first: flat if it grew by at
+most the larger of these (the allocator's and the caches' settling, not accumulation)."""
 PROCESS_MAX_S, PROCESS_AT = 3.0, 5000
 """Process mode in place, the trainer's exit -> barrier written, median."""
 
@@ -259,6 +269,78 @@ def process_mode(results: Results) -> list[Verdict]:
     return [Verdict(goal, t <= PROCESS_MAX_S, f"{t:.2f} s", slowest(res, "process"))]
 
 
+def progress(results: Results) -> list[Verdict]:
+    """`--progress`: what progress costs the controller at N=5000, and a restart at N=1000."""
+    out = []
+    goal = (
+        f"progress with every agent reporting at N={PROGRESS_AT}: controller CPU "
+        f"<= {100 * PROGRESS_CPU_SHARE_MAX:g}% of a core, GangJob writes "
+        f"<= {PROGRESS_WRITES_PER_30S_MAX:g} per 30 s"
+    )
+    res, why = _at(results, PROGRESS_AT)
+    cost = res.get("progress_cost") if res else None
+    if not cost:
+        out.append(Verdict(goal, None, "", why or "--progress not measured"))
+    else:
+        added, writes = float(cost["added_cpu_share"]), float(cost["job_writes_per_30s"])
+        figures = (
+            f"{100 * added:.2f}% of a core added ({cost['reports_per_s']} summaries/s), "
+            f"{writes:g} writes per 30 s"
+        )
+        cpu_ok, writes_ok = added <= PROGRESS_CPU_SHARE_MAX, writes <= PROGRESS_WRITES_PER_30S_MAX
+        held = "controller CPU" if not cpu_ok else "GangJob writes"
+        out.append(Verdict(goal, cpu_ok and writes_ok, figures, held))
+    goal = (
+        f"in-place restart with progress on within {100 * (PROGRESS_OVER_OFF_MAX - 1):g}% of "
+        f"off at N={PROGRESS_RESTART_AT}"
+    )
+    res, why = _at(results, PROGRESS_RESTART_AT)
+    ratio = res.get("in_place_progress_over_in_place") if res else None
+    if res is None or ratio is None:
+        return [*out, Verdict(goal, None, "", why or "--progress not measured")]
+    on, off = median(res, "in-place+progress"), median(res, "in-place")
+    figures = f"{on} s / {off} s = {ratio}x"
+    slow = slowest(res, "in-place+progress")
+    return [*out, Verdict(goal, ratio <= PROGRESS_OVER_OFF_MAX, figures, slow)]
+
+
+def in_a_row(results: Results) -> list[Verdict]:
+    """Ten restarts of one gang in a row (in place and Process) at N=1000: the tenth within
+    20% of the first, and the controller's RSS flat from the first to the last."""
+    out = []
+    res, why = _at(results, IN_A_ROW_AT)
+    for mode in ("in-place", "process"):
+        goal = (
+            f"{IN_A_ROW} {mode} restarts in a row at N={IN_A_ROW_AT}: the last within "
+            f"{100 * (IN_A_ROW_SLOWER_MAX - 1):g}% of the first, controller RSS flat"
+        )
+        runs = sorted(
+            (r for r in (res or {}).get("runs", []) if r["mode"] == mode),
+            key=lambda r: int(r["rep"]),
+        )
+        if res is None or len(runs) < IN_A_ROW or any(r.get("unfinished") for r in runs):
+            reason = why or f"{len(runs)} {mode} restarts (--reps {IN_A_ROW}), or one overran"
+            out.append(Verdict(goal, None, "", reason))
+            continue
+        first, last = runs[0], runs[-1]
+        slower = float(last["seconds"]) / float(first["seconds"])
+        rss0, rss1 = first.get("controller_rss_mib"), last.get("controller_rss_mib")
+        growth = None if rss0 is None or rss1 is None else float(rss1) - float(rss0)
+        allowed = max(RSS_GROWTH_MAX_MIB, RSS_GROWTH_MAX_SHARE * float(rss0 or 0))
+        flat = growth is not None and growth <= allowed
+        figures = (
+            f"#1 {first['seconds']} s, #{len(runs)} {last['seconds']} s ({slower:.2f}x); RSS "
+            + (f"{rss0} -> {rss1} MiB" if growth is not None else "not sampled")
+        )
+        held = (
+            f"#{len(runs)} is {slower:.2f}x #1"
+            if slower > IN_A_ROW_SLOWER_MAX
+            else f"RSS grew {growth} MiB (at most {allowed:.0f})"
+        )
+        out.append(Verdict(goal, slower <= IN_A_ROW_SLOWER_MAX and flat, figures, held))
+    return out
+
+
 def verdicts(results: list[dict[str, Any]], settings: Settings) -> list[Verdict]:
     """Every goal, in the issue's order."""
     by_n: Results = {res["workers"]: res for res in results}
@@ -271,5 +353,7 @@ def verdicts(results: list[dict[str, Any]], settings: Settings) -> list[Verdict]
         lambda: controller_rss(by_n),
         lambda: api_requests(by_n),
         lambda: process_mode(by_n),
+        lambda: progress(by_n),
+        lambda: in_a_row(by_n),
     ]
     return [v for check in checks for v in check()]

@@ -32,6 +32,8 @@ class JobTracker:
         self.job: JsonDict = {}
         self.epoch_at: dict[int, float] = {}
         self.barrier_at: dict[int, float] = {}
+        self.writes = 0
+        """Changes of the GangJob seen since the watch began (each a write of it)."""
 
     @property
     def status(self) -> JsonDict:
@@ -53,6 +55,7 @@ class JobTracker:
 
     def _event(self, kind: str, job: JsonDict) -> None:
         if kind in ("ADDED", "MODIFIED"):
+            self.writes += 1
             self._seen(job)
 
     async def run(self) -> None:

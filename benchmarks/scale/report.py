@@ -23,6 +23,7 @@ from benchmarks.scale.settings import (
     JOBSET_RAISED,
     PEER_MODES,
     PODS_PER_NODE,
+    PROGRESS_TWINS,
     REPORTED_MODES,
     Settings,
 )
@@ -77,6 +78,11 @@ RATIOS = {
         "JobSet (QPS {qps}) / in-place (QPS {qps})",
         "jobset_raised_over_in_place_raised",
     ),
+    PROGRESS_TWINS["in-place"]: (
+        "in-place+progress / in-place",
+        "in_place_progress_over_in_place",
+    ),
+    PROGRESS_TWINS["process"]: ("process+progress / process", "process_progress_over_process"),
 }
 """The ratio of medians a mode's row shows: its label, and its key in the results."""
 
@@ -274,6 +280,19 @@ def report(settings: Settings, meta: dict[str, Any], results: list[dict[str, Any
             "restart = epoch -> barrier, printed beside hangSeconds under each size.",
             "",
         ]
+    if settings.progress:
+        parts += [
+            "in-place+progress and process+progress = the same restarts of a gang of their "
+            f"own whose stand-in trainers report {HANG_STEPS_PER_SECOND:g} steps a second "
+            "through `$GANGJOB_PROGRESS` and whose agents follow them and summarise to the "
+            "controller's `/v1/progress` (every 30 s, N/100 s above 3000 workers), as "
+            "deployed; measured in the same run as their twins without. Under each size, the "
+            f"controller's cost of progress: its CPU over a steady window "
+            f"({settings.progress_window:g} s, nothing failing) in the reporting `Pod` gang "
+            "against the same window in the one without (both after every agent reached its "
+            "summary period), and the GangJob's writes in that window.",
+            "",
+        ]
     if peers:
         parts += [
             "JobSet = JobSet v0.12.0's failure-policy restart of the same gang (one replicated "
@@ -314,6 +333,7 @@ def report(settings: Settings, meta: dict[str, Any], results: list[dict[str, Any
             size_table(res, settings),
             "",
             *hang_lines(res),
+            *progress_lines(res),
             "CPU seconds within the restart's span, by process (medians):",
             "",
             cpu_table(res, settings),
@@ -336,6 +356,27 @@ def hang_lines(res: dict[str, Any]) -> list[str]:
         f"{fmt(h['detection_s'])} s, restart (epoch -> barrier) {fmt(h['restart_s'])} s "
         f"(median / p90); the trigger named the hung worker as Hang in {h['named_hung']} of "
         f"{h['reps']}.",
+        "",
+    ]
+
+
+def progress_lines(res: dict[str, Any]) -> list[str]:
+    """What progress cost the controller while the gang trained (none if not measured)."""
+    c = res.get("progress_cost")
+    if not c:
+        return []
+    without = c["cpu_share_without"]
+    per = c["cpu_per_report_ms"]
+    return [
+        f"Progress, steady {c['window_s']:g} s: controller CPU {100 * c['cpu_share']:.2f}% of "
+        "a core with every agent reporting"
+        + (f", {100 * without:.2f}% without" if without is not None else "")
+        + f" (progress adds {100 * c['added_cpu_share']:.2f}%"
+        + (f", {per:.3f} ms per summary" if per is not None else "")
+        + f"); {c['reports']} summaries accepted ({c['reports_per_s']}/s); GangJob writes "
+        f"{c['job_writes']} ({c['job_writes_per_30s']} per 30 s"
+        + (f"; {c['job_writes_without']} without" if c["job_writes_without"] is not None else "")
+        + f"); controller API requests {c['api_requests']}.",
         "",
     ]
 

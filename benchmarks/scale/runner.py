@@ -29,7 +29,15 @@ from benchmarks.scale.controlplane import controller_manager_qps
 from benchmarks.scale.floors import annotation_floor, floor
 from benchmarks.scale.observer import CtlSample, JobTracker
 from benchmarks.scale.report import report, report_data, size_table, write_results
-from benchmarks.scale.scenarios import Unfinished, hang, in_place, node_lost, process, recreate
+from benchmarks.scale.scenarios import (
+    Unfinished,
+    hang,
+    in_place,
+    node_lost,
+    process,
+    recreate,
+    steady_cost,
+)
 from benchmarks.scale.settings import (
     HANG,
     HANG_SECONDS,
@@ -37,10 +45,15 @@ from benchmarks.scale.settings import (
     IN_PLACE_RAISED,
     JOBSET,
     JOBSET_RAISED,
+    PROGRESS_TWINS,
+    STEADY,
+    STEADY_PROGRESS,
+    WITH_PROGRESS,
     Settings,
 )
 from benchmarks.scale.stats import summarize
 from controller.k8s import NAMESPACES, NODES, Kube, NotFound
+from controller.policy.podspec import summary_seconds
 from localcluster.cluster import Cluster
 from localcluster.outofcluster import AddonProcess
 from localcluster.simkubelet import SimKubelet, SimProgress
@@ -53,8 +66,14 @@ async def run_size(w: World) -> dict[str, Any]:
     print(f"N={w.n}: namespace {w.ns}", file=sys.stderr)
     await make_nodes(w)
     direct = w.ctl.arrival_url
-    # Trainers report, and agents follow them, only for the hang measurement.
-    progress = SimProgress(HANG_STEPS_PER_SECOND) if HANG in w.settings.modes else None
+    # Trainers report, and agents follow them, only in the gangs measured with progress.
+    twins = w.settings.progress
+    reporting = frozenset({"hg"} | ({"pp", "pq"} if twins else set()))
+    progress = (
+        SimProgress(HANG_STEPS_PER_SECOND, jobs=reporting)
+        if HANG in w.settings.modes or twins
+        else None
+    )
     w.sim = SimKubelet(
         w.api, w.ns, restart_delay=w.settings.restart_delay, arrival_url=direct,
         start_delay=w.settings.start_delay, progress=progress,
@@ -66,19 +85,27 @@ async def run_size(w: World) -> dict[str, Any]:
         # The Pod gang last: its final measurement, arrival by annotation with N watches of
         # their own, loads the cluster most (at N=5000 it can starve KWOK's node heartbeats),
         # and must not spoil the gangs measured after it.
-        gangs: list[tuple[str, str]] = []
+        # (gang, mode, whether its trainers report progress)
+        gangs: list[tuple[str, str, bool]] = []
         if HANG in w.settings.modes:
-            gangs.append(("hg", HANG))
+            gangs.append(("hg", HANG, True))
         if "process" in w.settings.modes:
-            gangs.append(("pr", "Process"))
+            gangs.append(("pr", "Process", False))
+            if twins:
+                gangs.append(("pq", "Process", True))
         if "recreate" in w.settings.modes:
-            gangs.append(("rc", "Recreate"))
+            gangs.append(("rc", "Recreate", False))
+        if twins and "in-place" in w.settings.modes:
+            gangs.append(("pp", "Pod", True))
         if set(w.settings.modes) - {"process", "recreate", HANG}:
-            gangs.append(("ip", "Pod"))
-        for gang, mode in gangs:
+            gangs.append(("ip", "Pod", False))
+        for gang, mode, reports in gangs:
+            name = mode + (WITH_PROGRESS if reports and mode != HANG else "")
             await run_gang(
-                w, gang, mode, mode, startup, rows,
-                functools.partial(measure_gang, w, gang=gang, mode=mode, rows=rows),
+                w, gang, mode, name, startup, rows,
+                functools.partial(
+                    measure_gang, w, gang=gang, mode=mode, rows=rows, reports=reports
+                ),
             )  # fmt: skip
         # The peer last, on the same nodes, once GangJob's gangs are gone.
         if w.peer is not None and w.n <= w.settings.peer_max_size:
@@ -156,11 +183,33 @@ async def measure_peer(w: World, startup: dict[str, float], rows: list[dict[str,
 
 
 async def measure_gang(
-    w: World, tracker: JobTracker, *, gang: str, mode: str, rows: list[dict[str, Any]]
+    w: World,
+    tracker: JobTracker,
+    *,
+    gang: str,
+    mode: str,
+    rows: list[dict[str, Any]],
+    reports: bool = False,
 ) -> None:
-    """Every measurement asked for on one running gang, appended to `rows` as it is taken."""
+    """Every measurement asked for on one running gang, appended to `rows` as it is taken.
+    A gang whose trainers `reports` progress is `--progress`'s twin of its mode: the steady
+    window (`Pod`), then its restarts under the twin's name."""
     reps, want, direct = w.settings.reps, w.settings.modes, w.s.arrival_url
-    if mode == "Pod":
+    window = w.settings.progress_window
+    if reports and mode == "Pod":
+        # Every agent's summaries at their period before the window opens.
+        settle = w.settings.progress_settle
+        if settle is None:
+            settle = summary_seconds(w.n) + 5.0
+        rows.append(await steady_cost(w, tracker, STEADY_PROGRESS, window, settle))
+        for rep in range(reps):
+            rows.append(await in_place(w, tracker, rep, gang, PROGRESS_TWINS["in-place"]))
+    elif reports and mode == "Process":
+        for rep in range(reps):
+            rows.append(await process(w, tracker, rep, PROGRESS_TWINS["process"]))
+    elif mode == "Pod":
+        if w.settings.progress and "in-place" in want:
+            rows.append(await steady_cost(w, tracker, STEADY, window, 5.0))
         # annotation-floor first, on the gang as it started (it opens its own N watches).
         for rep in range(reps if "annotation-floor" in want else 0):
             rows.append(await annotation_floor(w, tracker, rep, gang))

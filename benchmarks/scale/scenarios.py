@@ -137,7 +137,7 @@ async def measure_restart(
     """One restart from epoch E to E+1: inject, wait for every milestone, collect numbers."""
     before = CtlSample.take(w.ctl)
     row = await timed(w, mode, rep, inject, checks, order, timeout, state, span)
-    w.sample_rss()
+    rss = w.sample_rss()
     after = CtlSample.take(w.ctl)
     last = tracker.status.get("lastRestart") or {}
     if last.get("epoch") != tracker.status.get("epoch"):
@@ -148,6 +148,7 @@ async def measure_restart(
         "recreated": RestartRecord.model_validate(last).recreated_ranks(w.n) if last else None,
         "trigger": (last.get("trigger") or {}).get("class"),
         "controller": ctl,
+        "controller_rss_mib": round(rss, 1),
     }
     print_row(w, row, f"ctl share {ctl['share_s']}  ctl API {ctl['requests'].get('all', 0)}")
     return row
@@ -212,7 +213,7 @@ async def in_place(
     return row
 
 
-async def process(w: World, tracker: JobTracker, rep: int) -> dict[str, Any]:
+async def process(w: World, tracker: JobTracker, rep: int, mode: str = "process") -> dict[str, Any]:
     """In a `Process` gang: one worker's trainer exits 1; every agent stops its trainer, arrives
     at E+1 and starts it again behind the barrier, in the same pod."""
     epoch = int(tracker.status.get("epoch", 0))
@@ -239,7 +240,7 @@ async def process(w: World, tracker: JobTracker, rep: int) -> dict[str, Any]:
     }
     try:
         row = await measure_restart(
-            w, tracker, "process", rep, lambda: w.s.crash(victim, 1), checks,
+            w, tracker, mode, rep, lambda: w.s.crash(victim, 1), checks,
             ["exited", "epoch", "arrived", "barrier", "open"], w.timeout(0.2),
             lambda: f"epoch {tracker.status.get('epoch')}, {agents_at(w.s, e1, opened=False)}/{n} "
             f"arrived, {agents_at(w.s, e1, opened=True)}/{n} open",
@@ -261,6 +262,50 @@ async def process(w: World, tracker: JobTracker, rep: int) -> dict[str, Any]:
     }
     await steady(w, tracker, e1)
     return row
+
+
+async def steady_cost(
+    w: World, tracker: JobTracker, mode: str, window: float, settle: float
+) -> dict[str, Any]:
+    """The controller's cost while the running gang trains and nothing fails: after `settle`
+    seconds (every agent's summaries come at their period by then), its CPU, API requests, the
+    GangJob's writes and the progress summaries it accepted over `window` seconds."""
+    await asyncio.sleep(settle)
+    accepted = {"result": "accepted"}
+    before, reports0, writes0 = (
+        CtlSample.take(w.ctl), w.ctl.metric(REPORTS, accepted), tracker.writes,
+    )  # fmt: skip
+    t0 = time.monotonic()
+    ticker = Progress(f"N={w.n} {mode}: {window:.0f}s steady window")
+    while (left := window - (time.monotonic() - t0)) > 0:
+        ticker.tick(f"{left:.0f}s left, {tracker.writes - writes0} GangJob writes")
+        await asyncio.sleep(min(left, 5.0))
+    took = time.monotonic() - t0
+    ctl = CtlSample.take(w.ctl).since(before)
+    reports = int(w.ctl.metric(REPORTS, accepted) - reports0)
+    writes = tracker.writes - writes0
+    w.sample_rss()
+    row = {
+        "mode": mode,
+        "rep": 0,
+        "window_s": round(took, 1),
+        "controller": ctl,
+        "cpu_share": round(ctl["cpu_s"] / took, 4),
+        "job_writes": writes,
+        "job_writes_per_30s": round(writes * 30.0 / took, 2),
+        "reports": reports,
+        "reports_per_s": round(reports / took, 1),
+    }
+    print(
+        f"  N={w.n} {mode}: {took:.0f}s: controller CPU {ctl['cpu_s']}s "
+        f"({100 * row['cpu_share']:.2f}% of a core), {writes} GangJob writes, {reports} "
+        f"progress summaries ({row['reports_per_s']}/s), API {ctl['requests']}",
+        file=sys.stderr,
+    )
+    return row
+
+
+REPORTS = "gangjob_progress_reports_total"
 
 
 LAST_STEP_TO_BARRIER = between("last-step", "barrier")

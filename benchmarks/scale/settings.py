@@ -18,7 +18,8 @@ when `--modes` names it (its trainers' reports and its agents' polls load the si
 HANG_SECONDS = 10
 """`spec.progress.hangSeconds` of the hang gang."""
 HANG_STEPS_PER_SECOND = 2.0
-"""How fast the hang gang's stand-in trainers report steps."""
+"""How fast the stand-in trainers of the hang gang (and of `--progress`'s twins) report
+steps."""
 SELECTABLE_MODES = (*MODES, HANG)
 """What `--modes` may name."""
 PEERS = ("jobset",)
@@ -29,7 +30,20 @@ JOBSET, JOBSET_RAISED = "jobset", "jobset-raised"
 PEER_MODES = (JOBSET, JOBSET_RAISED)
 IN_PLACE_RAISED = "in-place-raised"
 """GangJob's in-place restart on the controller-manager of `JOBSET_RAISED`, beside it."""
-REPORTED_MODES = (*MODES, HANG, JOBSET, IN_PLACE_RAISED, JOBSET_RAISED)
+WITH_PROGRESS = "+progress"
+"""`--progress`: a mode's twin whose trainers report progress (every agent summarising to the
+controller), measured in the same run as the mode itself: `in-place+progress`,
+`process+progress`."""
+PROGRESS_TWINS = {"in-place": "in-place" + WITH_PROGRESS, "process": "process" + WITH_PROGRESS}
+STEADY, STEADY_PROGRESS = "steady", "steady" + WITH_PROGRESS
+"""`--progress`: the controller's cost over a window with nothing failing, in the in-place gang
+and in its twin whose trainers report (rows of their own, not restarts)."""
+PROGRESS_WINDOW_S = 120.0
+"""The steady window's length: at least two summary periods at every N up to 6000."""
+REPORTED_MODES = (
+    "in-place", PROGRESS_TWINS["in-place"], "process", PROGRESS_TWINS["process"],
+    *MODES[2:], HANG, JOBSET, IN_PLACE_RAISED, JOBSET_RAISED,
+)  # fmt: skip
 """Every row a report can hold, in its order."""
 PEER_QPS = 500
 """The controller-manager's raised client QPS for `JOBSET_RAISED` (burst twice that)."""
@@ -68,3 +82,10 @@ class Settings:
     results_dir: Path = RESULTS
     rep_limit_s: float | None = None
     """A repetition's time limit, overriding the one that grows with N (tests use it)."""
+    progress: bool = False
+    """Measure the in-place and process modes again with trainers reporting progress, and the
+    controller's cost of progress over a steady window (`PROGRESS_TWINS`, `STEADY`)."""
+    progress_window: float = PROGRESS_WINDOW_S
+    progress_settle: float | None = None
+    """Seconds from the reporting gang running to its steady window (None: the agents' summary
+    period and 5 s, so that every agent reports at its period within the window)."""

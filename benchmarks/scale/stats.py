@@ -17,7 +17,10 @@ from benchmarks.scale.settings import (
     IN_PLACE_RAISED,
     JOBSET,
     JOBSET_RAISED,
+    PROGRESS_TWINS,
     REPORTED_MODES,
+    STEADY,
+    STEADY_PROGRESS,
 )
 
 
@@ -109,6 +112,9 @@ def summarize(w: World, rows: list[dict[str, Any]], startup: dict[str, float]) -
         "startup_s": startup,
         "modes": modes,
         "hang": hang if hangs else None,
+        "progress_cost": progress_cost(rows),
+        "in_place_progress_over_in_place": over(PROGRESS_TWINS["in-place"], "in-place"),
+        "process_progress_over_process": over(PROGRESS_TWINS["process"], "process"),
         "recreate_over_in_place": over("recreate", "in-place"),
         "recreate_over_in_place_annotation": over("recreate", "in-place-annotation"),
         "process_over_in_place": over("process", "in-place"),
@@ -119,4 +125,31 @@ def summarize(w: World, rows: list[dict[str, Any]], startup: dict[str, float]) -
         "in_place_over_floor": above_floor,
         "controller_rss_max_mib": round(w.rss_max, 1),
         "runs": rows,
+    }
+
+
+def progress_cost(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """`--progress`: the steady windows side by side, and what progress adds: the controller's
+    CPU (as a share of a core, and per summary accepted), the GangJob's writes per 30 s and the
+    summaries per second. None unless the window with progress was measured."""
+    by = {r["mode"]: r for r in rows if r["mode"] in (STEADY, STEADY_PROGRESS)}
+    on, off = by.get(STEADY_PROGRESS), by.get(STEADY)
+    if on is None:
+        return None
+    added = on["cpu_share"] - (off["cpu_share"] if off is not None else 0.0)
+    return {
+        "window_s": on["window_s"],
+        "cpu_share": on["cpu_share"],
+        "cpu_share_without": off["cpu_share"] if off is not None else None,
+        "added_cpu_share": round(added, 4),
+        "cpu_per_report_ms": (
+            round(1000 * added * on["window_s"] / on["reports"], 3) if on["reports"] else None
+        ),
+        "reports": on["reports"],
+        "reports_per_s": on["reports_per_s"],
+        "job_writes": on["job_writes"],
+        "job_writes_per_30s": on["job_writes_per_30s"],
+        "job_writes_without": off["job_writes"] if off is not None else None,
+        "api_requests": on["controller"]["requests"],
+        "api_requests_without": off["controller"]["requests"] if off is not None else None,
     }

@@ -185,13 +185,16 @@ class Kube(ObjectApi):
         *,
         request_timeout: float | None = None,
         retry: bool = True,
+        dry_run: bool = False,
     ) -> JsonDict:
+        """Creates `obj`; with `dry_run`, the apiserver admits, defaults and validates it and
+        answers what it would store, storing nothing."""
         if namespace is None and kind.namespaced:
             namespace = (obj.get("metadata") or {}).get("namespace")
         return await self.transport.call(
             "POST",
             kind,
-            kind.path(namespace),
+            kind.path(namespace) + ("?dryRun=All" if dry_run else ""),
             body=obj,
             request_timeout=request_timeout,
             retry=retry,

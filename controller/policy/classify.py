@@ -8,6 +8,8 @@ reads the signals of a worker `plan` hands it as being at the gang's epoch.
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -16,6 +18,7 @@ from typing import Final
 from api.constants import RESTART_MODES, AgentPlacement
 from api.failures import FAILURE_CLASSES, PRIORITY, FailureClass
 from api.v1alpha1 import (
+    MESSAGE_PATTERN_FLAGS,
     ConditionStatus,
     DeviceHealth,
     ExitCodeOperator,
@@ -85,6 +88,9 @@ class Failure:
     """`Unhealthy` / `Unknown` if a device of the worker has that health."""
     node_name: str | None = None
     node_conditions: Mapping[str, str] = field(default_factory=dict)
+    message: str | None = None
+    """The trainer's termination message of its exit at this epoch (`/dev/termination-log`, or
+    its log's tail with `FallbackToLogsOnError`), for `onMessagePatterns`."""
     onset_at: datetime | None = None
     """When the failure began, where the signal says (a hang: the stalled step's time)."""
     trainer_state: str | None = None
@@ -482,6 +488,9 @@ def detect(ctx: Context, rank: int, pod: PodView, node: NodeView | None) -> Fail
     others = [c for c in PRIORITY if c in s.found and c is not primary]
     if others:
         detail += f"; also {', '.join(others)}"
+    message = trainer_message(ctx, pod)
+    if message:
+        detail += f"; message: {message_excerpt(message)}"
     is_exit = primary in (FailureClass.PROCESS_EXIT, FailureClass.OOM_KILLED)
     return Failure(
         worker=rank,
@@ -494,10 +503,36 @@ def detect(ctx: Context, rank: int, pod: PodView, node: NodeView | None) -> Fail
         device_health=_device_health(pod),
         node_name=pod.node_name,
         node_conditions=dict(node.conditions) if node is not None else {},
+        message=message,
         onset_at=_onset(primary, pod),
         trainer_state=pod.progress.trainer_state if pod.progress is not None else None,
         in_place=not _cannot_restart_in_place(ctx, pod),
     )
+
+
+MESSAGE_EXCERPT: Final = 160
+"""The characters of a termination message a failure's detail quotes: its last line's end."""
+
+
+def message_excerpt(message: str) -> str:
+    """The end of the message's last non-empty line, where an error says what it was."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    last = lines[-1] if lines else ""
+    return last if len(last) <= MESSAGE_EXCERPT else "..." + last[-MESSAGE_EXCERPT:]
+
+
+def trainer_message(ctx: Context, pod: PodView) -> str | None:
+    """The trainer's termination message at this epoch: its current run's if it ended, else
+    the previous run's if that ended after the barrier opened (the kubelet restarted it in
+    place since). An older one is another failure's, already acted on."""
+    trainer = pod.container(ctx.trainer)
+    if trainer is None:
+        return None
+    if trainer.state == "terminated":
+        return trainer.message
+    if _after_barrier(ctx, trainer.last_finished_at):
+        return trainer.last_message
+    return None
 
 
 def _onset(primary: FailureClass, pod: PodView) -> datetime | None:
@@ -571,7 +606,18 @@ def rule_matches(rule: FailurePolicyRule, failure: Failure, trainer: str) -> boo
         return any(failure.node_conditions.get(m.type) == m.status for m in rule.on_node_conditions)
     if rule.on_failure_classes is not None:
         return failure.failure_class in rule.on_failure_classes
+    if rule.on_message_patterns is not None:
+        return failure.message is not None and any(
+            search(failure.message) for search in message_searches(tuple(rule.on_message_patterns))
+        )
     return False
+
+
+@functools.lru_cache(maxsize=256)
+def message_searches(patterns: tuple[str, ...]) -> tuple[Callable[[str], object], ...]:
+    """The compiled `onMessagePatterns` (admission checked they are in the subset of RE2 that
+    Python's `re` reads alike: `api.v1alpha1.message_pattern_error`)."""
+    return tuple(re.compile(pattern, MESSAGE_PATTERN_FLAGS).search for pattern in patterns)
 
 
 def applies_to(rule: FailurePolicyRule, role: Role) -> bool:
@@ -603,17 +649,26 @@ def exit_code_action(
     job: GangJob, container: str, exit_code: int, role: Role | None = None
 ) -> FailureAction | None:
     """The action for `container` of a worker of `role` (by default the first) exiting with
-    `exit_code` by the `onExitCodes` rules alone (what the kubelet can know when the container
-    exits); None for 0, a success."""
+    `exit_code` by what the kubelet can know when the container exits, the code alone; None
+    for 0, a success, and for an exit of the trainer whose action an `onMessagePatterns` rule
+    before the deciding one may change: only its termination message tells, which the
+    controller reads and a whole-pod restart would not keep."""
     if exit_code == 0:
         return None
     role = role or job.spec.effective_roles[0]
     trainer = role.trainer_container_name
     codes = {container: exit_code}
+    by_message: set[FailureAction] = set()
+    action = default_decision(FailureClass.PROCESS_EXIT)[0]
     for rule in job.spec.failure_policy.rules:
-        if applies_to(rule, role) and _matches_exit(rule, trainer, codes):
-            return rule.action
-    return default_decision(FailureClass.PROCESS_EXIT)[0]
+        if not applies_to(rule, role):
+            continue
+        if rule.on_message_patterns is not None and container == trainer:
+            by_message.add(rule.action)
+        elif _matches_exit(rule, trainer, codes):
+            action = rule.action
+            break
+    return action if by_message <= {action} else None
 
 
 def retriable_exit_codes(
@@ -623,7 +678,8 @@ def retriable_exit_codes(
     default the first), as the `exitCodes` of its `RestartAllContainers` rule (`Pod` mode):
     (operator, values), or None if no code does.
 
-    Codes the policy sends elsewhere (FailJob, RecreateWorker, Ignore) are left out, so that
+    Codes the policy sends elsewhere (FailJob, RecreateWorker, Ignore), or may send elsewhere
+    by the trainer's termination message (`onMessagePatterns`), are left out, so that
     the trainer stays terminated with its real code for the controller to classify: after a
     whole-pod restart the kubelet keeps none. The shorter form is chosen: `NotIn [0, <left
     out>]` (0 is a success, never restarted) or `In [<retriable>]`; both fit the API's 255.

@@ -82,7 +82,7 @@ def fail_by_policy(p: Pass) -> bool:
             f"spec.failurePolicy.rules[{first.rule}] fails the job"
         )
         p.acted = fails
-        return _fail(p, reason, message)
+        return fail_job(p, reason, message)
     restarting = restarting_decisions(p.decisions)
     first = classify.lowest(restarting)
     limit = p.job.spec.restart.max_restarts
@@ -97,11 +97,13 @@ def fail_by_policy(p: Pass) -> bool:
             f"last failure: {worker_text(p, first.worker)}: {first.failure.detail}"
         )
         p.acted = restarting
-        return _fail(p, REASON_MAX_RESTARTS, message)
+        return fail_job(p, REASON_MAX_RESTARTS, message)
     return False
 
 
-def _fail(p: Pass, reason: str, message: str) -> bool:
+def fail_job(p: Pass, reason: str, message: str) -> bool:
+    """The job fails with `reason`: its condition, phase and Event, and its workers cleaned up
+    as `spec.cleanPodPolicy` says."""
     lifecycle.finish(p, Phase.FAILED, ConditionType.FAILED, reason, message)
     p.events.append(EventSpec("Warning", REASON_FAILED, message))
     return lifecycle.finished(p)

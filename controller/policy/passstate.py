@@ -43,6 +43,14 @@ class PlanConfig:
     """The apiserver serves `scheduling.k8s.io/v1alpha2` PodGroups (KEP-4671), as discovered
     when this replica started leading; None: not discovered, and plan leaves gang scheduling
     alone (no condition, no PodGroup)."""
+    pod_group_topology_served: bool | None = None
+    """The apiserver keeps a PodGroup's `schedulingConstraints.topology` (feature gate
+    `TopologyAwareWorkloadScheduling`), as a dry-run create of a Workload showed when this
+    replica started leading; None: not known, and taken as not kept."""
+    pod_group_disruption_served: bool | None = None
+    """The apiserver keeps a PodGroup's `disruptionMode` (feature gate
+    `WorkloadAwarePreemption`), learnt as `pod_group_topology_served` is; None: not known, and
+    nothing is said about it."""
     barrier_stall_seconds: float = 120.0
     """A barrier still short of workers this long (since the restart, or the worker's pod was
     created) makes the gang `Stuck` (`BarrierStalled`), naming who has not arrived; at most

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Final
 
 from controller.policy import (
+    deadline,
     failure,
     hang,
     lifecycle,
@@ -79,6 +80,7 @@ STEPS: Final[tuple[PlanStep, ...]] = (
     roles.advance,
     straggler.find,
     success.complete,
+    deadline.enforce,
     recreate.delete_recreated,
     failure.classify_failures,
     hang.settle,

@@ -128,7 +128,8 @@ def delete_recreated(p: Pass) -> bool:
 def recreate_laggards(p: Pass) -> bool:
     """Workers the barrier waits for in vain are recreated at the epoch, without a bump (nobody
     runs at it yet): those below it that cannot restart in place, and those not arrived
-    `spec.restart.barrierTimeoutSeconds` after the restart began (or their pod was created)."""
+    `spec.restart.barrierTimeoutSeconds` after the restart began (or their pod was created),
+    unless their pod waits unbound in the gang's PodGroup."""
     if p.status.barrier_epoch == p.status.epoch:
         return False
     last = (
@@ -147,6 +148,11 @@ def recreate_laggards(p: Pass) -> bool:
         if stuck is not None:
             cls, detail = stuck
             failure = classify.Failure(rank, cls, detail, node_name=pod.node_name, in_place=False)
+        elif last is not None and pod.node_name is None and pod.pod_group is not None:
+            # Waiting in its PodGroup for the gang to fit (e.g. preempted whole by a higher
+            # priority): a new pod would wait the same, so the gang waits whole, and `Stuck`
+            # says why.
+            continue
         elif last is not None:
             since = max(last.detected_at, pod.creation_timestamp or last.detected_at)
             waited = (p.now - since).total_seconds()

@@ -33,6 +33,7 @@ from api.constants import (
     ConditionType,
 )
 from api.v1alpha1 import ConditionStatus, GangJob
+from controller.policy import topology
 from controller.policy.classify import RESTARTING_ALL_CONTAINERS
 from controller.policy.conditions import get_condition, is_true
 from controller.policy.gang import POD_TERMINAL
@@ -80,7 +81,14 @@ def diagnose(p: Pass) -> bool:
     """Sets `Stuck` (and `ArrivalDegraded`) from this pass's view; never ends the pass."""
     cause = _first(
         p,
-        (creation_refused, rbac_missing, image_pull_failed, agent_crashing, barrier_stalled),
+        (
+            creation_refused,
+            topology.no_domain_fits,
+            rbac_missing,
+            image_pull_failed,
+            agent_crashing,
+            barrier_stalled,
+        ),
     )
     stuck = get_condition(p.status.conditions, ConditionType.STUCK)
     if cause is not None:

@@ -108,6 +108,8 @@ class ContainerView:
     last_exit_code: int | None = None
     """`lastState.terminated.exitCode`: the previous run's exit, kept across a restart."""
     last_reason: str | None = None
+    last_message: str | None = None
+    """`lastState.terminated.message`: the previous run's termination message."""
     unhealthy_resources: tuple[str, ...] = ()
     """Resource names (`nvidia.com/gpu`) with a device the kubelet reports `Unhealthy`
     (KEP-4680 `allocatedResourcesStatus`)."""
@@ -148,6 +150,7 @@ class ContainerView:
             message=message,
             last_exit_code=_int_or_none(last_terminated.get("exitCode")),
             last_reason=_str_or_none(last_terminated.get("reason")),
+            last_message=_str_or_none(last_terminated.get("message")),
             unhealthy_resources=_resources_with_health(
                 obj.get("allocatedResourcesStatus"), "Unhealthy"
             ),

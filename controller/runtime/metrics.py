@@ -24,6 +24,8 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
+from api.constants import ConditionType
+
 __all__ = [
     "CONTENT_TYPE_LATEST",
     "REGISTRY",
@@ -179,6 +181,19 @@ EPOCH = Gauge(
     ["namespace", "name"],
     registry=REGISTRY,
 )
+BARRIER_EPOCH = Gauge(
+    "gangjob_barrier_epoch",
+    "The GangJob's status.barrierEpoch: below gangjob_epoch while the gang restarts",
+    ["namespace", "name"],
+    registry=REGISTRY,
+)
+CONDITION = Gauge(
+    "gangjob_condition",
+    "1 while the GangJob's condition of this type is True, else 0 (Stuck, ArrivalDegraded, "
+    "ModeDegraded, GangScheduling, Ready...)",
+    ["namespace", "name", "condition"],
+    registry=REGISTRY,
+)
 PROGRESS_STEP = Gauge(
     "gangjob_progress_step",
     "The GangJob's status.progress.step: the lowest training step its workers reported",
@@ -215,7 +230,9 @@ STRAGGLERS_FOUND = Counter(
     registry=REGISTRY,
 )
 BADPUT_CAUSES: Final = ("scheduling", "detection", "restart", "recompute")
-PER_JOB: Final = (EPOCH, PROGRESS_STEP, STEPS_PER_SECOND, GOODPUT_RATIO, STRAGGLERS)
+PER_JOB: Final = (
+    EPOCH, BARRIER_EPOCH, PROGRESS_STEP, STEPS_PER_SECOND, GOODPUT_RATIO, STRAGGLERS,
+)  # fmt: skip
 """The series labelled by one GangJob, removed with it (`forget_job`)."""
 
 
@@ -225,6 +242,9 @@ def forget_job(namespace: str, name: str) -> None:
     for gauge in PER_JOB:
         with suppress(KeyError):
             gauge.remove(namespace, name)
+    for condition in ConditionType:
+        with suppress(KeyError):
+            CONDITION.remove(namespace, name, str(condition))
 
 
 def render(registry: CollectorRegistry = REGISTRY) -> bytes:

@@ -2,22 +2,29 @@
 (manifests/default with the images localcluster builds), two replicas behind the
 `gangjob-arrivals` Service that kube-proxy routes. A gang restarts in place with its arrivals
 over that Service; the leader's pod is deleted; another replica takes the Lease, the Service
-follows its label, the agents reach it, and the next failure restarts the gang in place again."""
+follows its label, the agents reach it, and the next failure restarts the gang in place again.
+A real Prometheus, in a pod, finds the replicas through the metrics Service and scrapes them, and
+its queries return the restart a test caused."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import pytest
 
 from api import builders
-from controller.k8s import GANGJOBS, LEASES, PODS, JsonDict, Kube, ResourceKind
+from controller.k8s import CONFIGMAPS, GANGJOBS, LEASES, PODS, JsonDict, Kube, ResourceKind
 from controller.manager import LEADER_LABEL
-from localcluster import node
+from localcluster import node, prometheus
 from localcluster.cluster import Cluster
 from localcluster.controllerimage import CONTROLLER_IMAGE, controller_image
 from localcluster.tools import REPO, SYSTEM_NS, kubectl
@@ -305,3 +312,132 @@ async def _scrape_through_service(kube: Kube, cluster: Cluster, ns: str) -> None
     assert done["status"]["phase"] == "Succeeded", log
     assert "# TYPE gangjob_arrival_reports_total counter" in log
     assert "leader_election_master_status" in log
+
+
+# A real Prometheus (localcluster.prometheus) in a pod, as a platform team runs it, finding the
+# controller's replicas through its Service gangjob-controller-metrics (headless: the cluster DNS
+# names every ready replica) and scraping each. The pod runs the cached binary from a hostPath
+# on the agent image, which has the C library it links; the test queries it at its pod address.
+# (Debian's Prometheus has no Kubernetes service discovery, which a ServiceMonitor would use.)
+PROMETHEUS_CONFIG = f"""
+global: {{scrape_interval: 1s, evaluation_interval: 1s}}
+scrape_configs:
+- job_name: gangjob-controller
+  dns_sd_configs:
+  - names: [gangjob-controller-metrics.{SYSTEM_NS}.svc.cluster.local]
+    type: A
+    port: 8080
+    refresh_interval: 2s
+"""
+PROMETHEUS_PORT = 9090
+
+
+@pytest.fixture
+async def prometheus_server(
+    node_kube: Kube, node_cluster: Cluster, node_namespace: str
+) -> AsyncIterator[str]:
+    """The Prometheus pod; yields its URL, deletes it afterwards."""
+    ns, home = node_namespace, prometheus.ensure_built()
+    await node_kube.create(CONFIGMAPS, {
+        "metadata": {"name": "prometheus"}, "data": {"prometheus.yml": PROMETHEUS_CONFIG},
+    }, ns)  # fmt: skip
+    container = {
+        "name": "prometheus",
+        "image": node.AGENT_IMAGE,
+        "imagePullPolicy": "Never",
+        "command": ["/prometheus/prometheus", "--config.file=/config/prometheus.yml",
+                    "--storage.tsdb.path=/data", f"--web.listen-address=:{PROMETHEUS_PORT}"],
+        "volumeMounts": [
+            {"name": "binary", "mountPath": "/prometheus", "readOnly": True},
+            {"name": "config", "mountPath": "/config", "readOnly": True},
+            {"name": "data", "mountPath": "/data"},
+        ],
+    }  # fmt: skip
+    pod = {
+        "metadata": {"name": "prometheus"},
+        "spec": {
+            "terminationGracePeriodSeconds": 5,
+            "containers": [container],
+            "volumes": [
+                {"name": "binary", "hostPath": {"path": str(home), "type": "Directory"}},
+                {"name": "config", "configMap": {"name": "prometheus"}},
+                {"name": "data", "emptyDir": {}},
+            ],
+        },
+    }
+    await node_kube.create(PODS, pod, ns)
+    try:
+        running = await wait_for(
+            node_kube, PODS, "prometheus", ns,
+            lambda p: bool(p.get("status", {}).get("podIP"))
+            and p.get("status", {}).get("phase") == "Running",
+            120, "running",
+        )  # fmt: skip
+        yield f"http://{running['status']['podIP']}:{PROMETHEUS_PORT}"
+    finally:
+        with contextlib.suppress(RuntimeError):
+            print(kubectl(node_cluster, "-n", ns, "logs", "prometheus")[-3000:])
+        await node_kube.delete(PODS, "prometheus", ns)
+
+
+def promql(url: str, query: str) -> list[dict[str, Any]]:
+    """An instant query's result vector (empty while Prometheus has nothing, or is starting)."""
+    try:
+        with urllib.request.urlopen(
+            f"{url}/api/v1/query?{urllib.parse.urlencode({'query': query})}", timeout=10
+        ) as resp:
+            body = json.load(resp)
+    except (urllib.error.URLError, ConnectionError) as e:
+        print(f"query {query}: {e}")
+        return []
+    result: list[dict[str, Any]] = body["data"]["result"]
+    return result
+
+
+async def test_prometheus_scrapes_the_restart_through_the_service(
+    node_kube: Kube, node_namespace: str, node_cluster: Cluster, in_cluster: None,
+    prometheus_server: str,
+) -> None:  # fmt: skip
+    ns = node_namespace
+    kubectl(node_cluster, "-n", SYSTEM_NS, "rollout", "status", f"deployment/{DEPLOYMENT}",
+            "--timeout=180s", timeout=200)  # fmt: skip
+    await eventually(lambda: two_ready_one_leader(node_kube), 120, "two Ready replicas")
+
+    async def target_up() -> list[dict[str, Any]] | None:
+        up = await asyncio.to_thread(promql, prometheus_server, 'up{job="gangjob-controller"}')
+        return up if len(up) == 2 and all(s["value"][1] == "1" for s in up) else None
+
+    up = await eventually(target_up, 60, "both replicas scraped")
+    print("scraped:", sorted(s["metric"]["instance"] for s in up))
+
+    # Rank 1 crashes once (TRAINER): one gang restart, in place, to epoch 1.
+    await node_kube.create(GANGJOBS, gangjob("scraped"), ns)
+    await watch_job(node_kube, ns, "scraped", at_epoch(1), timeout=180, what="at epoch 1")
+
+    epoch = f'gangjob_epoch{{namespace="{ns}",name="scraped"}} == 1'
+    found = await eventually(
+        lambda: _nonempty(asyncio.to_thread(promql, prometheus_server, epoch)), 30,
+        "the job's epoch 1 in Prometheus",
+    )  # fmt: skip
+    print("query", epoch, "->", found)
+    restarts = 'sum(gangjob_restarts_total{class="ProcessExit",action="RestartGang"})'
+    got = await eventually(
+        lambda: _nonempty(asyncio.to_thread(promql, prometheus_server, restarts)), 30,
+        "the ProcessExit restart in Prometheus",
+    )  # fmt: skip
+    print("query", restarts, "->", got)
+    assert float(got[0]["value"][1]) >= 1
+    barrier = f'gangjob_barrier_epoch{{namespace="{ns}",name="scraped"}}'
+    opened = await eventually(
+        lambda: _nonempty(asyncio.to_thread(promql, prometheus_server, f"{barrier} == 1")), 30,
+        "the barrier of epoch 1 in Prometheus",
+    )  # fmt: skip
+    # Both series come from the leader, one of the two replicas scraped.
+    assert opened[0]["metric"]["instance"] == found[0]["metric"]["instance"]
+    assert found[0]["metric"]["instance"] in {s["metric"]["instance"] for s in up}
+    await node_kube.delete(GANGJOBS, "scraped", ns)
+
+
+async def _nonempty(got: Awaitable[list[dict[str, Any]]]) -> list[dict[str, Any]] | None:
+    value = await got
+    return value or None

@@ -92,6 +92,41 @@ async def test_restart_scale_runs_every_mode_and_writes_a_report(
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.timeout(240)
+async def test_progress_twins_are_measured_beside_their_modes_with_the_steady_cost(
+    sim_cluster: Cluster, tmp_path: Path
+) -> None:
+    """`--progress`: in-place and process again with every trainer reporting, and the
+    controller's cost over a steady window long enough for each agent's first summary (at a
+    random point of its 30 s period)."""
+    settings = Settings(
+        sizes=[3], reps=1, restart_delay=0.2, start_delay=0.1, modes=("in-place", "process"),
+        progress=True, progress_window=33.0, progress_settle=0.0, name="smoke-progress",
+        results_dir=tmp_path,
+    )  # fmt: skip
+    data = await run_on(sim_cluster, settings)
+
+    (res,) = data["results"]
+    assert set(res["modes"]) == {"in-place", "in-place+progress", "process", "process+progress"}
+    for mode in ("in-place+progress", "process+progress"):
+        assert res["modes"][mode]["reps"] == 1, mode
+    twin = next(r for r in res["runs"] if r["mode"] == "in-place+progress")
+    assert twin["trigger"] == "ProcessExit"
+    cost = res["progress_cost"]
+    assert cost["reports"] >= 3  # every agent of the reporting gang summarised in the window
+    assert cost["window_s"] >= 33.0
+    assert cost["cpu_share"] >= 0
+    assert cost["cpu_share_without"] is not None
+    # status.progress is written while the gang trains, at most every 30 s.
+    assert 1 <= cost["job_writes"] <= 2
+    assert res["in_place_progress_over_in_place"] > 0
+    md = report(settings, data, data["results"])
+    assert "| in-place+progress | 1 |" in md
+    assert f"in-place+progress / in-place {res['in_place_progress_over_in_place']}x" in md
+    assert f"{cost['reports']} summaries accepted" in md
+    assert "- progress with every agent reporting at N=5000" in md
+
+
 @pytest.mark.timeout(120)
 async def test_a_repetition_that_overruns_is_recorded_and_the_run_goes_on(
     sim_cluster: Cluster, tmp_path: Path
@@ -184,7 +219,7 @@ async def test_the_jobset_peer_restarts_the_same_gang_and_the_goals_are_printed(
     assert "- JobSet: slowest step " in md
     assert "the controller-manager's client allows 500/s" in md
     goals = md.split("## Goals (printed, not asserted)\n\n")[1].strip().splitlines()
-    assert len(goals) == 12
+    assert len(goals) == 16  # progress: 2, ten restarts in a row: 2
     for line in goals:
         assert line.startswith("- "), line
         assert line.endswith(" met") or "not met (" in line or "not measured (" in line, line

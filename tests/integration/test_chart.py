@@ -56,6 +56,10 @@ def manager(objects: dict[tuple[str, str], Obj]) -> Obj:
 
 def test_the_chart_renders_manifests_default() -> None:
     chart, default = render(), kustomize("default")
+    # And, by default, the dashboard of manifests/monitoring (test_the_chart_renders_monitoring).
+    default[("ConfigMap", "gangjob-dashboard")] = kustomize("monitoring")[
+        ("ConfigMap", "gangjob-dashboard")
+    ]
     namespace = default.pop(("Namespace", "gangjob-system"))
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
     assert sorted(chart) == sorted(default)
@@ -89,6 +93,20 @@ def test_node_quarantine_is_an_option_with_its_rbac_in_the_chart_and_kustomize()
         "--quarantine-nodes", "--quarantine-threshold=2", "--quarantine-window-seconds=600",
         "--quarantine-seconds=900", "--quarantine-max-share=0.1",
     ]  # fmt: skip
+
+
+def test_the_chart_renders_monitoring() -> None:
+    """The dashboard ConfigMap and (when asked for) the PrometheusRule, as kustomize has them."""
+    monitoring = kustomize("monitoring")
+    chart = render("gangjob-system", "monitoring.prometheusRule.enabled=true")
+    for key in [("ConfigMap", "gangjob-dashboard"), ("PrometheusRule", "gangjob")]:
+        assert chart[key] == monitoring[key], key
+    dashboard = json.loads(chart[("ConfigMap", "gangjob-dashboard")]["data"]["gangjob.json"])
+    assert dashboard["uid"] == "gangjob"
+    assert ("PrometheusRule", "gangjob") not in render()
+    assert ("ConfigMap", "gangjob-dashboard") not in render(
+        "gangjob-system", "monitoring.dashboard.enabled=false"
+    )
 
 
 def test_helm_lint_finds_nothing_wrong() -> None:
@@ -188,7 +206,7 @@ def test_helm_install_upgrade_and_uninstall_leave_nothing_behind(
     ns = namespace
     objs = list(render(ns).values())
     helm(sim_cluster, "install", RELEASE, CHART, "-n", ns, "--wait", "--timeout=180s")
-    assert len(_present(sim_cluster, objs, ns)) == len(objs) == 12
+    assert len(_present(sim_cluster, objs, ns)) == len(objs) == 13  # with the dashboard
     wait_crd_established(sim_cluster)
     deploy = json.loads(kubectl(sim_cluster, "-n", ns, "get", "deploy/gangjob-controller",
                                 "-o", "json"))  # fmt: skip

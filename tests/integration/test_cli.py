@@ -1,5 +1,6 @@
 """`gangjob`, the command line, against the real apiserver: submit from flags and from a file,
-status, a manual restart honoured by the controller, delete. Run as the user runs it: the
+status, list, report, a manual restart honoured by the controller, delete; `kubectl gangjob` as
+a kubectl plugin; and the Python client the command line is built on. Run as the user runs it: the
 installed console script, with a kubeconfig (its logs are tested on the real kubelet, in
 tests/e2e/test_cli_logs.py)."""
 
@@ -15,7 +16,9 @@ import yaml
 from api import builders
 from api.constants import ANNOTATION_RESTART
 from controller.k8s import CONFIGMAPS, GANGJOBS, Kube, NotFound
+from gangjob import Client, Job
 from localcluster.cluster import SIMULATED_KUBELET_LABEL, Cluster
+from localcluster.versions import binary
 from tests.integration import test_restart
 from tests.integration.harness import gang_pods
 from tests.integration.test_restart import Gang
@@ -196,3 +199,76 @@ async def test_status_restart_and_delete(
     assert "not found" in err
     with pytest.raises(NotFound):
         await sim_kube.get(GANGJOBS, "cli", gang.ns)
+
+
+async def test_list_report_and_the_kubectl_plugin(
+    sim_kube: Kube, sim_cluster: Cluster, gang: Gang, tmp_path: Path
+) -> None:
+    body = builders.gangjob(
+        "seen", 2, image="localhost/busybox:dev", command=["sh", "-c", "sleep infinity"],
+        pod_spec={"nodeSelector": {"gangjob-test": gang.ns}},
+        pod_labels={SIMULATED_KUBELET_LABEL: "true"},
+    )  # fmt: skip
+    await sim_kube.create(GANGJOBS, body, gang.ns)
+    await gang.running_at("seen", 0, 2)
+    kubeconfig = sim_cluster.kubeconfig
+
+    code, out, err = await gangjob(kubeconfig, "list", "-n", gang.ns)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].split() == [
+        "NAME", "PHASE", "READY", "EPOCH", "RESTARTS", "STEP", "GOODPUT", "AGE",
+    ]  # fmt: skip
+    row = next(line.split() for line in lines[1:] if line.startswith("seen "))
+    # No progress reports: no step. (Goodput counts from the start, scheduling included.)
+    assert row[:6] == ["seen", "Running", "2/2", "0", "0", "-"]
+    assert len(row) == 8
+    code, out, err = await gangjob(kubeconfig, "list", "-A", "-o", "name")
+    assert code == 0, err
+    assert "gangjob.gangjob.io/seen" in out.splitlines()
+
+    picture = tmp_path / "seen.png"
+    code, out, err = await gangjob(kubeconfig, "report", "-n", gang.ns, "seen", "-o", str(picture))
+    assert (code, out.strip()) == (0, str(picture)), err
+    assert picture.read_bytes().startswith(b"\x89PNG")
+
+    # `kubectl gangjob`: the pinned kubectl finds the plugin on the PATH and runs it.
+    plugin = await asyncio.create_subprocess_exec(
+        str(binary("kubectl").path), "gangjob", "status", "--kubeconfig", str(kubeconfig),
+        "-n", gang.ns, "seen",
+        env={"PATH": f"{GANGJOB.parent}:/usr/bin:/bin", "HOME": str(tmp_path)},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out_b, err_b = await asyncio.wait_for(plugin.communicate(), 60)
+    assert plugin.returncode == 0, err_b.decode()
+    assert out_b.decode().splitlines()[1].split()[:4] == ["seen", "Running", "0", "0"]
+    await sim_kube.delete(GANGJOBS, "seen", gang.ns)
+
+
+async def test_the_python_client_against_the_apiserver(
+    sim_kube: Kube, sim_cluster: Cluster, gang: Gang
+) -> None:
+    """Client: create, get, list, restart and wait for the barrier, delete; typed results."""
+    body = builders.gangjob(
+        "py", 2, image="localhost/busybox:dev", command=["sh", "-c", "sleep infinity"],
+        pod_spec={"nodeSelector": {"gangjob-test": gang.ns}},
+        pod_labels={SIMULATED_KUBELET_LABEL: "true"},
+    )  # fmt: skip
+
+    def use_it() -> tuple[Job, Job, list[str], Job]:
+        with Client(sim_cluster.kubeconfig, namespace=gang.ns) as client:
+            created = client.create(body)
+            running = client.wait("py", until=lambda j: j.workers_ready == 2, timeout=60)
+            names = [j.name for j in client.list()]
+            restarted = client.restart("py", wait=True, timeout=60)
+            client.delete("py")
+            return created, running, names, restarted
+
+    created, running, names, restarted = await asyncio.to_thread(use_it)
+    assert (created.name, created.namespace, created.phase) == ("py", gang.ns, "Pending")
+    assert (running.phase, running.epoch, running.workers) == ("Running", 0, 2)
+    assert "py" in names
+    assert restarted.resource.status.barrier_epoch == 1
+    assert restarted.restarts == 1
+    assert restarted.history[-1].trigger.failure_class == "ManualRestart"
+    await wait_gone(sim_kube, GANGJOBS, "py", gang.ns, timeout=60)

@@ -533,13 +533,17 @@ async def test_process_mode_a_trainer_done_ends_its_container_and_pod(world: Wor
     assert job["status"]["epoch"] == 0
 
 
+@pytest.mark.parametrize("mode", ["Process", "Pod"])
 async def test_a_stand_in_trainer_that_stops_reporting_restarts_its_gang_as_a_hang(
-    reporting_world: World,
+    reporting_world: World, mode: str
 ) -> None:
+    """`Process` mode: the agent's own trainer runs report; `Pod` mode: the stand-in of the
+    trainer container the kubelet starts at the barrier, stopped by the pod's restart."""
     world = reporting_world
-    await world.create("hung", 3, restart={"mode": "Process"}, progress={"hangSeconds": 5})
-    await world.barrier_open("hung", 0, 3)
-    names = [f"hung-{r}" for r in range(3)]
+    job = f"hung-{mode.lower()}"
+    await world.create(job, 3, restart={"mode": mode}, progress={"hangSeconds": 5})
+    await world.barrier_open(job, 0, 3)
+    names = [f"{job}-{r}" for r in range(3)]
     await world.agents_at(0, names)
 
     def reported(sim: SimKubelet) -> bool:
@@ -547,16 +551,18 @@ async def test_a_stand_in_trainer_that_stops_reporting_restarts_its_gang_as_a_ha
         return all(r is not None and r.step is not None and r.step >= 1 for r in runs)
 
     await world.sim.wait(reported, 30)
-    hung = world.sim.hang("hung-1")  # alive, no step any more: only its agent can tell
+    agents = [world.sim.workers[n].agent for n in names]
+    hung = world.sim.hang(f"{job}-1")  # alive, no step any more: only its agent can tell
 
     # The agent reports the stall, the controller restarts the gang in place and names rank 1.
-    job = await world.barrier_open("hung", 1, 3)
+    status = (await world.barrier_open(job, 1, 3))["status"]
     await world.agents_at(1, names)
-    trigger = job["status"]["lastRestart"]["trigger"]
+    trigger = status["lastRestart"]["trigger"]
     assert (trigger["class"], trigger["worker"]) == ("Hang", 1)
     assert hung.code == simkubelet.STOPPED_EXIT_CODE  # stopped by the restart, never exited
-    agents = [world.sim.workers[n].agent for n in names]
     assert [a.progress.stalls if a and a.progress else None for a in agents] == [0, 1, 0]
+    # `Pod` mode restarted every pod (same UID), `Process` mode none.
+    assert [world.sim.workers[n].restarts for n in names] == [int(mode == "Pod")] * 3
     # The new runs report again: the steps of epoch 1 start from 0.
     await world.sim.wait(
         lambda sim: all((r := sim.workers[n].trainer) is not None and r.epoch == 1

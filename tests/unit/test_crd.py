@@ -134,6 +134,7 @@ def test_wire_names_of_the_design() -> None:
         ".spec.successPolicy",
         ".spec.suspend",
         ".spec.ttlSecondsAfterFinished",
+        ".spec.activeDeadlineSeconds",
         ".spec.masterPort",
         ".spec.roles[].name",
         ".spec.roles[].replicas",
@@ -183,6 +184,7 @@ def test_wire_names_of_the_design() -> None:
         "onDeviceHealth",
         "onNodeConditions",
         "onFailureClasses",
+        "onMessagePatterns",
         "countsTowardsMaxRestarts",
         "roles",
     ]
@@ -276,13 +278,26 @@ def test_cel_rules_are_where_the_schema_cannot_say_it() -> None:
         ".spec.roles[].template",
         ".spec.failurePolicy.rules[].onPodConditions[]",
         ".spec.failurePolicy.rules[].onNodeConditions[]",
+        ".spec.failurePolicy.rules[].onMessagePatterns[]",
+        ".spec.scheduling",
     }
     assert any("self.trainerContainer" in r for r in rules[".spec"])
     assert any("onExitCodes.containerName" in r for r in rules[".spec"])
     assert "self.metadata.name.size()" in rules[""][0]
     [exactly_one] = rules[".spec.failurePolicy.rules[]"]
-    for matcher in ("onExitCodes", "onPodConditions", "onDeviceHealth", "onNodeConditions"):
+    for matcher in (
+        "onExitCodes",
+        "onPodConditions",
+        "onDeviceHealth",
+        "onNodeConditions",
+        "onMessagePatterns",
+    ):
         assert f"has(self.{matcher})" in exactly_one
+    # RE2 compiles each pattern (`matches` errs on an invalid one), within the common subset.
+    [pattern] = rules[".spec.failurePolicy.rules[].onMessagePatterns[]"]
+    assert "''.matches(self)" in pattern
+    [immutable] = rules[".spec.scheduling"]
+    assert "oldSelf.topologyKey" in immutable
 
 
 def test_cel_messages_name_the_field() -> None:

@@ -72,6 +72,8 @@ def test_gang_scheduling_turns_on_its_gates_api_and_plugin(tmp_path: Path) -> No
     assert opts.control_plane_gates() == {
         "GenericWorkload": True,
         "GangScheduling": False,
+        "TopologyAwareWorkloadScheduling": True,
+        "WorkloadAwarePreemption": True,
         "X": True,
     }
     assert Options().control_plane_gates() == {}
@@ -85,7 +87,11 @@ def test_gang_scheduling_turns_on_its_gates_api_and_plugin(tmp_path: Path) -> No
         "burst": 200,
     }
     (profile,) = config["profiles"]
-    assert profile["plugins"]["multiPoint"]["enabled"] == [{"name": "GangScheduling"}]
+    assert profile["plugins"]["multiPoint"]["enabled"] == [
+        {"name": "GangScheduling"},
+        {"name": "TopologyPlacementGenerator"},
+        {"name": "PodGroupPodsCount", "weight": 1},
+    ]
 
 
 def test_cache_is_outside_the_repository(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

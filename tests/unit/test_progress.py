@@ -162,6 +162,14 @@ def test_a_worker_that_stops_reporting_stalls_once() -> None:
     assert (summary.step, summary.stalled, summary.idle_seconds) == (2, True, 39.0)
 
 
+def test_a_stall_counts_from_when_the_step_was_written_not_when_it_was_seen() -> None:
+    tracker = Tracker(HANG)
+    tracker.observe(100.0, Reading(1))
+    tracker.observe(101.0, Reading(2), ago=0.75)  # written at 100.25, seen at the next poll
+    assert tracker.changed_at == 100.25
+    assert stalled_at(tracker, [130.0, 130.25]) == [130.25]
+
+
 def test_a_stalled_worker_that_resumes_can_stall_again() -> None:
     tracker = Tracker(HANG)
     tracker.observe(0.0, Reading(1))

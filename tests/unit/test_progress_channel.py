@@ -121,6 +121,23 @@ async def test_summaries_are_batched_and_a_stall_is_one_message(
     assert "no trainer process to ask for stacks" in (run.config.dir / STACKS_FILE).read_text()
 
 
+async def test_the_poll_after_a_step_comes_when_its_stall_would_fall_due(
+    tmp_path: pathlib.Path,
+) -> None:
+    run = Run(tmp_path)  # polls every second, hangSeconds 30
+    t0 = run.clock.now
+    await run.ticks(3, step=1)  # steps 1-3, the last read at t0 + 2
+    tracker = run.monitor.tracker
+    assert tracker.changed_at == t0 + 2  # seen as written: the read came at once
+    assert run.monitor.until_next_poll() == 1.0  # a poll period
+    run.clock.now = t0 + 31.5
+    assert run.monitor.until_next_poll() == 0.5  # the stall's due time, t0 + 32
+    run.clock.now = t0 + 32
+    run.monitor.tick(0, None)
+    assert run.monitor.stalls == 1
+    assert run.monitor.until_next_poll() == 1.0  # stalled: a poll period again
+
+
 async def test_a_new_checkpoint_is_sent_at_once(tmp_path: pathlib.Path, jitter: None) -> None:
     # A failure's lost work counts from the checkpoint: the controller must know the latest one,
     # and checkpoints are rare, so each costs one message.
@@ -278,12 +295,12 @@ def progress(
 def test_the_book_keeps_each_workers_latest_progress() -> None:
     book, job = ArrivalBook(), f"{NS}/train"
     assert book.progress(NS, "train-0") is None
-    # The job's first summary of an epoch is news: the pass that writes the progress then looks
-    # again every time it writes it. The others of the epoch are not.
+    # The job's first summary of an epoch is news for the controller's pass (it takes the
+    # status's progress up and looks again at its period); the others' are not.
     assert book.record_progress(job, "train-0", progress()) is True
     assert book.record_progress(job, "train-1", progress(uid="u1", step=4)) is False
     assert book.progress_of(job) == {"train-0": progress(), "train-1": progress(uid="u1", step=4)}
-    # Then only a stall's beginning and end are news for the controller's pass.
+    # Then only a stall's beginning and end are news.
     assert book.record_progress(job, "train-0", progress(step=6, stalled=True)) is True
     assert book.record_progress(job, "train-0", progress(step=6, stalled=True)) is False
     assert book.record_progress(job, "train-0", progress(step=7)) is True
@@ -291,6 +308,7 @@ def test_the_book_keeps_each_workers_latest_progress() -> None:
     assert book.record_progress(job, "train-0", progress(epoch=0, step=99)) is False
     assert book.progress(NS, "train-0") == progress(step=7)
     assert book.record_progress(job, "train-0", progress(epoch=2, step=1, stalled=True)) is True
+    assert book.record_progress(job, "train-1", progress(uid="u1", epoch=2, step=1)) is False
     # The same worker hanging again at the next epoch, its first word there a stall: news too
     # (the pass that restarts the gang waits for it).
     assert book.record_progress(job, "train-0", progress(epoch=3, step=1, stalled=True)) is True
@@ -300,6 +318,8 @@ def test_the_book_keeps_each_workers_latest_progress() -> None:
     book.forget(NS, "train-0", "u0")
     book.forget(NS, "train-1", "u1")
     assert (book.progress(NS, "train-0"), dict(book.progress_of(job))) == (None, {})
+    # A job of the name again (deleted and created anew) starts at epoch 0: news again.
+    assert book.record_progress(job, "train-0", progress(epoch=0)) is True
 
 
 def test_a_summarys_compute_window_reaches_the_book_and_folds_into_the_runs(
@@ -411,7 +431,7 @@ async def test_a_trainers_progress_and_its_stall_reach_the_book(
             assert held.trainer_state == "S"  # `sleep`, as the agent started it
             assert agent.progress is not None
             assert agent.progress.stalls == 1
-            # One pass for the epoch's first summary, one for the stall's one message.
+            # One pass for the epoch's first summary, one for the stall's message.
             assert ctl.stalls == [f"{NS}/train"] * 2
         finally:
             agent.stop()

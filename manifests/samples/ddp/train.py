@@ -20,11 +20,14 @@ Process mode, else the file $GANGJOB_DIR/epoch the agent writes when the barrier
 
 Settings (env): TRAIN_STEPS (60), CHECKPOINT_EVERY (5), STEP_SECONDS (0.2: a pause per step that
 stands in for real work, so a demo can be watched), CHECKPOINT_DIR (/checkpoints/$GANGJOB_NAME),
-RENDEZVOUS_TIMEOUT_SECONDS (120). Exits 0 when training is done.
+RENDEZVOUS_TIMEOUT_SECONDS (120). Exits 0 when training is done. On an error, its last line goes
+to the termination log (TERMINATION_LOG, /dev/termination-log) for the failure policy's
+`onMessagePatterns`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -224,5 +227,20 @@ def main() -> int:
     return 0
 
 
+def run() -> int:
+    """main(), and on an uncaught error its last line (`RuntimeError: ... Connection closed by
+    peer`, `CUDA error: ...`) written to the termination log, where the kubelet reads it into
+    the container's status for the GangJob's `onMessagePatterns` rules; exit 1."""
+    try:
+        return main()
+    except Exception as error:
+        detail = f"{type(error).__name__}: {error}"
+        with contextlib.suppress(OSError):
+            Path(os.environ.get("TERMINATION_LOG", "/dev/termination-log")).write_text(
+                detail[-4096:]  # the kubelet keeps at most 4096 bytes
+            )
+        raise
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())

@@ -1,9 +1,9 @@
-"""`gangjob logs`: the trainer's log of one rank, followed across in-place restarts (a `Pod`-mode
-restart starts a new container, whose log follows the old one's) until the job ends."""
+"""The trainer's log of one rank (`Client.logs`, `gangjob logs`), followed across in-place
+restarts (a `Pod`-mode restart starts a new container, whose log follows the old one's) until the
+job ends."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import sys
@@ -12,9 +12,7 @@ from typing import TextIO
 from api.naming import pod_name
 from api.v1alpha1 import parse_gangjob
 from controller.k8s import GANGJOBS, PODS, ApiError, JsonDict, Kube, NotFound
-
-TERMINAL = ("Succeeded", "Failed")
-"""The phases of a job that has ended."""
+from gangjob.model import TERMINAL
 
 
 def trainer_instance(pod: JsonDict, container: str) -> tuple[str | None, bool]:
@@ -25,29 +23,33 @@ def trainer_instance(pod: JsonDict, container: str) -> tuple[str | None, bool]:
     return None, False
 
 
-async def logs(kube: Kube, args: argparse.Namespace, ns: str, out: TextIO) -> int:
-    job = await kube.get(GANGJOBS, args.job, ns)
+async def stream_logs(
+    kube: Kube, ns: str, job_name: str, rank: int, follow: bool, out: TextIO
+) -> None:
+    """Writes the log of `job_name`'s worker of `rank` to `out`; with `follow`, until the job
+    has ended and its last trainer instance stopped."""
+    job = await kube.get(GANGJOBS, job_name, ns)
     container = parse_gangjob(job).spec.trainer_container_name
-    name = pod_name(args.job, args.rank)
+    name = pod_name(job_name, rank)
     printed: set[str] = set()
     while True:
         try:
             pod = await kube.get(PODS, name, ns)
         except NotFound:
             if printed:
-                return 0  # the job ended and its pods went
+                return  # the job ended and its pods went
             raise
         instance, running = trainer_instance(pod, container)
         if instance is not None and instance not in printed:
             printed.add(instance)
-            await print_instance(kube, name, ns, container, args.follow, out)
+            await print_instance(kube, name, ns, container, follow, out)
             continue
-        if not args.follow:
-            return 0
-        finished = await _finished(kube, ns, args.job)
+        if not follow:
+            return
+        finished = await _finished(kube, ns, job_name)
         if not running and finished:
-            return 0
-        await _next_instance(kube, ns, args.job, name, container, printed, finished)
+            return
+        await _next_instance(kube, ns, job_name, name, container, printed, finished)
 
 
 async def print_instance(

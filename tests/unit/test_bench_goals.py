@@ -1,0 +1,66 @@
+"""The scale benchmark's goals for progress and for restarts in a row, judged from summarized
+results (benchmarks/scale/goals.py: pure, printed, never asserted by the benchmark)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from benchmarks.scale.goals import in_a_row, progress
+
+
+def runs(mode: str, seconds: list[float], rss: list[float]) -> list[dict[str, Any]]:
+    return [
+        {"mode": mode, "rep": i, "seconds": s, "controller_rss_mib": r}
+        for i, (s, r) in enumerate(zip(seconds, rss, strict=True))
+    ]
+
+
+def test_ten_restarts_in_a_row_meet_the_goal_only_if_the_last_is_near_the_first_and_rss_flat() -> (
+    None
+):
+    flat = runs("in-place", [5.0] * 9 + [5.9], [150.0] * 9 + [158.0])
+    slower = runs("process", [1.0] * 9 + [1.3], [150.0] * 10)
+    (ip, pr) = in_a_row({1000: {"workers": 1000, "runs": flat + slower}})
+    assert ip.met is True
+    assert "150.0 -> 158.0 MiB" in ip.figures
+    assert pr.met is False
+    assert "1.30x" in pr.why
+
+    growing = runs("in-place", [5.0] * 10, [150.0] + [150.0 + 5 * i for i in range(1, 10)])
+    (ip, _) = in_a_row({1000: {"workers": 1000, "runs": growing}})
+    assert ip.met is False
+    assert "RSS grew 45.0 MiB" in ip.why
+
+
+def test_fewer_than_ten_restarts_are_not_judged() -> None:
+    (ip, pr) = in_a_row({1000: {"workers": 1000, "runs": runs("in-place", [5.0] * 3, [1.0] * 3)}})
+    assert ip.met is None
+    assert "3 in-place restarts" in ip.why
+    assert pr.met is None
+
+
+def test_progress_cost_is_judged_on_what_progress_adds_and_on_the_jobs_writes() -> None:
+    cost = {"added_cpu_share": 0.012, "job_writes_per_30s": 1.0, "reports_per_s": 100.0}
+    res_5000 = {"workers": 5000, "progress_cost": cost, "modes": {}}
+    res_1000 = {
+        "workers": 1000,
+        "in_place_progress_over_in_place": 1.12,
+        "modes": {
+            "in-place": {"seconds": {"median": 5.0}},
+            "in-place+progress": {"seconds": {"median": 5.6}, "steps": {}},
+        },
+        "runs": [],
+    }
+    (cpu, restart) = progress({5000: res_5000, 1000: res_1000})
+    assert cpu.met is True
+    assert "1.20% of a core added" in cpu.figures
+    assert restart.met is False  # 1.12x > 1.10x
+    assert "1.12x" in restart.figures
+
+    cost["job_writes_per_30s"] = 2.0
+    (cpu, _) = progress({5000: res_5000, 1000: res_1000})
+    assert cpu.met is False
+    assert cpu.why == "GangJob writes"
+    cost["added_cpu_share"] = 0.03
+    cpu = progress({5000: res_5000})[0]
+    assert cpu.why == "controller CPU"
