@@ -72,6 +72,8 @@ def test_node_quarantine_is_an_option_with_its_rbac_in_the_chart_and_kustomize()
     # the controller may not patch nodes at all.
     chart, overlay = render("gangjob-system", "quarantine.enabled=true"), kustomize("quarantine")
     overlay.pop(("Namespace", "gangjob-system"))
+    dashboard = ("ConfigMap", "gangjob-dashboard")  # the chart's by default (manifests/monitoring)
+    overlay[dashboard] = kustomize("monitoring")[dashboard]
     assert sorted(chart) == sorted(overlay)
     for key, obj in overlay.items():
         assert chart[key] == obj, key
