@@ -188,10 +188,14 @@ class SimProgress:
 
     steps_per_second: float = 1.0
     checkpoint_every: int = 0
+    jobs: frozenset[str] | None = None
     compute_seconds: float | None = None
     jitter: float = 0.0
     seed: int = 0
-    jobs: frozenset[str] | None = None
+
+    def follows(self, job: str) -> bool:
+        """Whether the workers of `job` report progress."""
+        return self.jobs is None or job in self.jobs
 
     def step_seconds(self, slowest: float = 1.0) -> float:
         """A step of the gang whose slowest running worker computes `slowest` times the
@@ -200,10 +204,6 @@ class SimProgress:
         if self.compute_seconds is None:
             return healthy
         return healthy + self.compute_seconds * (slowest - 1.0)
-
-    def follows(self, job: str) -> bool:
-        """Whether the workers of `job` report progress."""
-        return self.jobs is None or job in self.jobs
 
     @property
     def period(self) -> float:
@@ -883,29 +883,13 @@ class SimKubelet:
             for w in self.workers.values():
                 if w.trainer is None and w.agent is not None and w.agent.progress is not None:
                     self._start_pod_trainer(w, now)
-            if progress.compute_seconds is None:
-                for w in self.workers.values():
-                    if w.trainer is not None:
-                        reported |= w.trainer.report(now, progress)
-            else:
+                if w.trainer is not None and progress.compute_seconds is None:
+                    reported |= w.trainer.report(now, progress)
+            if progress.compute_seconds is not None:
                 reported = self._step_gangs(now, progress)
             if reported:
                 self._poke()
             await asyncio.sleep(progress.period)
-
-    @staticmethod
-    def _start_pod_trainer(w: Worker, now: float) -> None:
-        """`Pod` mode: the kubelet starts the trainer container once its agent's barrier is
-        open (the agent's startup probe); its stand-in reports to the agent's progress file, as
-        the pod builder's `GANGJOB_PROGRESS` points the real one."""
-        assert w.agent is not None
-        state = w.agent.state
-        if w.mode is AgentPlacement.WRAPPER or not state.barrier_open:
-            return
-        env = {ENV_PROGRESS: str(w.dir / PROGRESS_FILE), ENV_EPOCH: str(state.epoch)}
-        w.trainer = SimTrainer([], env)
-        w.trainer.started_at = now
-        w.trainer_runs.append(w.trainer)
 
     def _step_gangs(self, now: float, progress: SimProgress) -> bool:
         gangs: dict[str, list[tuple[SimTrainer, float]]] = {}
@@ -923,6 +907,20 @@ class SimKubelet:
             for run, slowness in runs:
                 reported |= run.report(now, progress, step, slowness)
         return reported
+
+    @staticmethod
+    def _start_pod_trainer(w: Worker, now: float) -> None:
+        """`Pod` mode: the kubelet starts the trainer container once its agent's barrier is
+        open (the agent's startup probe); its stand-in reports to the agent's progress file, as
+        the pod builder's `GANGJOB_PROGRESS` points the real one."""
+        assert w.agent is not None
+        state = w.agent.state
+        if w.mode is AgentPlacement.WRAPPER or not state.barrier_open:
+            return
+        env = {ENV_PROGRESS: str(w.dir / PROGRESS_FILE), ENV_EPOCH: str(state.epoch)}
+        w.trainer = SimTrainer([], env)
+        w.trainer.started_at = now
+        w.trainer_runs.append(w.trainer)
 
     # -- observing -----------------------------------------------------------------------
     async def wait(self, predicate: Callable[[SimKubelet], bool], timeout: float = 30.0) -> None:

@@ -280,10 +280,11 @@ class ArrivalBook:
 
     def record_progress(self, job: str, pod: str, progress: ProgressReport) -> bool:
         """Keeps `progress` of pod `pod` (a worker of GangJob `job`, namespace/name) unless it
-        is older than the one held, its compute window folded into the run's. True if it is
-        news for the gang's pass: the first summary of the job's epoch (from then on the pass
-        looks again every time it writes the progress), the worker's stall began or ended, or
-        its compute shifted."""
+        is older than the one held, its compute window folded into the run's. True if the job's
+        pass should look now: it is the job's first summary of its epoch (a summary queues no
+        pass, and the pass looks again at the status's period only once it has some), the
+        worker's stall began or ended with it, or its compute shifted (a straggler may begin or
+        end)."""
         namespace = job.partition("/")[0]
         key = (namespace, pod)
         held_job = self._progress_job.get(key)
@@ -295,13 +296,13 @@ class ArrivalBook:
         progress = progress.folded(held)
         self._progress.setdefault(job, {})[pod] = progress
         self._progress_job[key] = job
+        first = progress.epoch > self._progress_epoch.get(job, -1)
+        if first:
+            self._progress_epoch[job] = progress.epoch
         # A stall of an earlier epoch (or of another pod of the name) is no stall of this run:
         # the same worker hanging again at the next epoch is news.
         same_run = held is not None and (held.uid, held.epoch) == (progress.uid, progress.epoch)
         was_stalled = same_run and held is not None and held.stalled_since is not None
-        first = progress.epoch > self._progress_epoch.get(job, -1)
-        if first:
-            self._progress_epoch[job] = progress.epoch
         stalled = progress.stalled_since is not None
         return first or was_stalled != stalled or progress.shifted(held)
 

@@ -253,9 +253,9 @@ def arrivals_app(
     """The endpoint. `job(key)` reads the GangJob from the cache; `pod_job(namespace, pod)`
     the name of the GangJob whose worker the cached pod is (None: no such pod in the cache);
     `accepting()` is whether this replica leads with synced caches; `on_report(key)` queues
-    the job for a pass; `on_news(key)` is told when the job's first summary of an epoch comes,
-    a worker's stall begins or ends, or its compute shifts (a straggler may begin or end); any
-    other progress summary queues nothing."""
+    the job for a pass; `on_news(key)` is told when a worker's stall begins or ends, its
+    compute shifts (a straggler may begin or end), or the job's first summary of an epoch
+    comes (any other progress summary queues nothing)."""
     # One line per version of each job, not one per stream: a job change wakes every stream of
     # its gang (thousands), and they all send the same bytes.
     lines: dict[str, tuple[str, bytes]] = {}

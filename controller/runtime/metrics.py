@@ -230,7 +230,9 @@ STRAGGLERS_FOUND = Counter(
     registry=REGISTRY,
 )
 BADPUT_CAUSES: Final = ("scheduling", "detection", "restart", "recompute")
-PER_JOB: Final = (EPOCH, BARRIER_EPOCH, PROGRESS_STEP, STEPS_PER_SECOND, GOODPUT_RATIO, STRAGGLERS)
+PER_JOB: Final = (
+    EPOCH, BARRIER_EPOCH, PROGRESS_STEP, STEPS_PER_SECOND, GOODPUT_RATIO, STRAGGLERS,
+)  # fmt: skip
 """The series labelled by one GangJob, removed with it (`forget_job`)."""
 
 

@@ -67,26 +67,12 @@ def test_the_chart_renders_manifests_default() -> None:
         assert chart[key] == obj, key
 
 
-def test_the_chart_renders_monitoring() -> None:
-    """The dashboard ConfigMap and (when asked for) the PrometheusRule, as kustomize has them."""
-    monitoring = kustomize("monitoring")
-    chart = render("gangjob-system", "monitoring.prometheusRule.enabled=true")
-    for key in [("ConfigMap", "gangjob-dashboard"), ("PrometheusRule", "gangjob")]:
-        assert chart[key] == monitoring[key], key
-    dashboard = json.loads(chart[("ConfigMap", "gangjob-dashboard")]["data"]["gangjob.json"])
-    assert dashboard["uid"] == "gangjob"
-    assert ("PrometheusRule", "gangjob") not in render()
-    assert ("ConfigMap", "gangjob-dashboard") not in render(
-        "gangjob-system", "monitoring.dashboard.enabled=false"
-    )
-
-
 def test_node_quarantine_is_an_option_with_its_rbac_in_the_chart_and_kustomize() -> None:
     # On, the chart renders exactly manifests/quarantine; off (the default), nothing of it:
     # the controller may not patch nodes at all.
     chart, overlay = render("gangjob-system", "quarantine.enabled=true"), kustomize("quarantine")
     overlay.pop(("Namespace", "gangjob-system"))
-    dashboard = ("ConfigMap", "gangjob-dashboard")  # the chart's by default; kustomize's apart
+    dashboard = ("ConfigMap", "gangjob-dashboard")  # the chart's by default (manifests/monitoring)
     overlay[dashboard] = kustomize("monitoring")[dashboard]
     assert sorted(chart) == sorted(overlay)
     for key, obj in overlay.items():
@@ -109,6 +95,20 @@ def test_node_quarantine_is_an_option_with_its_rbac_in_the_chart_and_kustomize()
         "--quarantine-nodes", "--quarantine-threshold=2", "--quarantine-window-seconds=600",
         "--quarantine-seconds=900", "--quarantine-max-share=0.1",
     ]  # fmt: skip
+
+
+def test_the_chart_renders_monitoring() -> None:
+    """The dashboard ConfigMap and (when asked for) the PrometheusRule, as kustomize has them."""
+    monitoring = kustomize("monitoring")
+    chart = render("gangjob-system", "monitoring.prometheusRule.enabled=true")
+    for key in [("ConfigMap", "gangjob-dashboard"), ("PrometheusRule", "gangjob")]:
+        assert chart[key] == monitoring[key], key
+    dashboard = json.loads(chart[("ConfigMap", "gangjob-dashboard")]["data"]["gangjob.json"])
+    assert dashboard["uid"] == "gangjob"
+    assert ("PrometheusRule", "gangjob") not in render()
+    assert ("ConfigMap", "gangjob-dashboard") not in render(
+        "gangjob-system", "monitoring.dashboard.enabled=false"
+    )
 
 
 def test_helm_lint_finds_nothing_wrong() -> None:

@@ -295,12 +295,12 @@ def progress(
 def test_the_book_keeps_each_workers_latest_progress() -> None:
     book, job = ArrivalBook(), f"{NS}/train"
     assert book.progress(NS, "train-0") is None
-    # The job's first summary of an epoch is news: the pass that writes the progress then looks
-    # again every time it writes it. The others of the epoch are not.
+    # The job's first summary of an epoch is news for the controller's pass (it takes the
+    # status's progress up and looks again at its period); the others' are not.
     assert book.record_progress(job, "train-0", progress()) is True
     assert book.record_progress(job, "train-1", progress(uid="u1", step=4)) is False
     assert book.progress_of(job) == {"train-0": progress(), "train-1": progress(uid="u1", step=4)}
-    # Then only a stall's beginning and end are news for the controller's pass.
+    # Then only a stall's beginning and end are news.
     assert book.record_progress(job, "train-0", progress(step=6, stalled=True)) is True
     assert book.record_progress(job, "train-0", progress(step=6, stalled=True)) is False
     assert book.record_progress(job, "train-0", progress(step=7)) is True
@@ -431,7 +431,7 @@ async def test_a_trainers_progress_and_its_stall_reach_the_book(
             assert held.trainer_state == "S"  # `sleep`, as the agent started it
             assert agent.progress is not None
             assert agent.progress.stalls == 1
-            # One pass for the epoch's first summary, one for the stall's one message.
+            # One pass for the epoch's first summary, one for the stall's message.
             assert ctl.stalls == [f"{NS}/train"] * 2
         finally:
             agent.stop()
