@@ -209,6 +209,7 @@ class ProgressMonitor:
         self._sent: Summary | None = None
         self._sent_at = 0.0
         self._retry_at = 0.0
+        self._stall_retry_at = 0.0
         self._sending: asyncio.Task[bool] | None = None
         self._collecting: asyncio.Task[None] | None = None
         self._seen_alive: set[int] = set()
@@ -258,6 +259,7 @@ class ProgressMonitor:
         # each agent's period starts at a random point of the first.
         jitter = random.uniform(0.0, self.config.progress_summary_seconds)
         self._sent, self._sent_at, self._retry_at = None, self._clock() - jitter, 0.0
+        self._stall_retry_at = 0.0
         self._seen_alive = set()
         self._task = asyncio.create_task(self._run(epoch, trainer_pid))
 
@@ -336,7 +338,11 @@ class ProgressMonitor:
         news = stall_news or checkpoint_news
         since = now - self._sent_at
         due = since >= self.config.progress_summary_seconds
-        if self._sending is not None or now < self._retry_at:
+        # A stall is held back only by a stall's own failed send, not by a summary's before
+        # it (the endpoint away a moment, during a failover): a hang is told on time.
+        if self._sending is not None or now < (
+            self._stall_retry_at if stall_news else self._retry_at
+        ):
             return
         # A shift of the compute goes early too (a worker slowing down is found a forSeconds
         # after it began, not a period later), at most every SHIFT_MIN_SECONDS.
@@ -368,6 +374,8 @@ class ProgressMonitor:
                 self.tracker.sent(made_at, summary)
             else:
                 self._retry_at = self._clock() + self.config.progress_summary_seconds
+                if summary.stalled != (self._sent is not None and self._sent.stalled):
+                    self._stall_retry_at = self._retry_at  # the stall's own failure
             return ok
         finally:
             self._sending = None

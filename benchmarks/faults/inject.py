@@ -205,6 +205,8 @@ async def hang(w: World, rng: random.Random) -> Injected:
     return i
 
 
+SUMMARISED_TIMEOUT = 100.0
+"""How long `slow-device` waits for every agent of its gang to have told its compute."""
 SLOW_FACTOR = 3.0
 """How many times its healthy compute a slowed device's trainer takes (`slow-device`)."""
 
@@ -216,8 +218,10 @@ async def slow_device(w: World, rng: random.Random) -> Injected:
     recovers once it was named (`after`)."""
     job = rng.choice(sorted(g.name for g in w.gangs.values() if g.shape.mode == "Process"))
     gang = next(g for g in w.gangs.values() if g.name == job)
-    # Every agent has told its compute at this epoch: a slowdown shows as a shift at once.
-    if not await wait(lambda: w.summarised(job), STEP_TIMEOUT):
+    # Every agent has told its compute at this epoch: a slowdown shows as a shift at once. Its
+    # first summary comes within a period (30 s) of the barrier, and a failed one (the
+    # controller away, after a control-plane fault) is tried again a period later.
+    if not await wait(lambda: w.summarised(job), SUMMARISED_TIMEOUT):
         raise RuntimeError(f"{job}'s agents sent no summary of their compute")
     rank = _rank(w, job, rng)
     name = w.workers(job)[rank]

@@ -275,7 +275,7 @@ def arrivals_app(
     async def arrivals(request: web.Request) -> web.StreamResponse:
         nonlocal pending
         if not accepting():
-            return _error(503, "unavailable", "not leading (or caches not synced)")
+            return _not_leading()
         auth = request.headers.get("Authorization", "")
         if not auth.startswith("Bearer ") or not auth[7:].strip():
             return _error(401, "unauthorized", "a bearer token is required")
@@ -359,7 +359,7 @@ def arrivals_app(
         nonlocal pending
         counter = metrics.PROGRESS_REPORTS
         if not accepting():
-            return _error(503, "unavailable", "not leading (or caches not synced)", counter)
+            return _not_leading(counter)
         auth = request.headers.get("Authorization", "")
         if not auth.startswith("Bearer ") or not auth[7:].strip():
             return _error(401, "unauthorized", "a bearer token is required", counter)
@@ -437,6 +437,17 @@ def _error(
     counter.labels(result).inc()
     body = {"kind": "Status", "status": "Failure", "code": status, "message": message}
     return web.json_response(body, status=status, headers=headers)
+
+
+def _not_leading(counter: Counter = metrics.ARRIVAL_REPORTS) -> web.Response:
+    """503 from a replica that does not lead (or whose caches are not synced), and the
+    connection closed with it: the Service pins a kept-alive connection to the pod it chose,
+    and an agent whose pooled connection reached this replica while it led would otherwise
+    send every later report here, a standby, for as long as the connection lives (a progress
+    summary is not retried elsewhere). Reconnecting, it reaches the leader."""
+    response = _error(503, "unavailable", "not leading (or caches not synced)", counter)
+    response.force_close()
+    return response
 
 
 def _busy(limits: Limits, why: str, counter: Counter = metrics.ARRIVAL_REPORTS) -> web.Response:

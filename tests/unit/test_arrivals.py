@@ -504,3 +504,38 @@ async def test_after_its_job_is_deleted_an_agent_neither_reports_nor_annotates(
             assert ctl.fake.patches == []
             assert ctl.fake.watches_opened == 0
             assert not task.done()
+
+
+async def test_a_replica_that_does_not_lead_closes_the_connection_it_refuses() -> None:
+    # A Service pins a kept-alive connection to the pod it chose: an agent whose pooled
+    # connection reached this replica while it led must not send every later report to it,
+    # a standby now. Its 503 closes the connection, and the next request connects anew.
+    leading = False
+    port = free_port()
+
+    async def authenticate(token: str) -> Identity:
+        raise AssertionError("not reached: a standby checks no token")
+
+    app = arrivals_app(
+        ArrivalBook(), authenticate, lambda key: None, pod_job=lambda ns, name: None,
+        accepting=lambda: leading, on_report=lambda key: None,
+    )  # fmt: skip
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        for path in ("/v1/progress", "/v1/arrivals"):
+            writer.write(
+                f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{{}}".encode()
+            )
+            head = (await reader.readuntil(b"\r\n\r\n")).decode().lower()
+            assert head.startswith("http/1.1 503")
+            assert "connection: close" in head
+            assert await reader.read() != b""  # the body, then the end of the connection
+            assert reader.at_eof()
+            writer.close()
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.close()
+    finally:
+        await runner.cleanup()

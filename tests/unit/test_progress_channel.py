@@ -188,6 +188,24 @@ async def test_with_the_endpoint_down_progress_pauses(tmp_path: pathlib.Path, ji
     assert run.sent.summaries[-1].step >= 46
 
 
+async def test_a_stall_is_not_held_back_by_an_earlier_summarys_failed_send(
+    tmp_path: pathlib.Path, jitter: None
+) -> None:
+    # The endpoint away a moment (a controller failover) as a periodic summary goes: the
+    # summaries wait a period; a stall that comes meanwhile goes at once.
+    run = Run(tmp_path, hang_seconds=5.0, progress_summary_seconds=30.0)
+    await run.ticks(10, step=1)
+    sent = len(run.sent.summaries)
+    run.sent.down = True
+    await run.ticks(25, step=11)  # the periodic summary of these fails
+    assert run.sent.attempts == sent + 1
+    run.sent.down = False
+    await run.ticks(10)  # the trainer hangs: 5 s later, a stall, not 30 s after the failure
+    stalls = [s for s in run.sent.summaries if s.stalled]
+    assert len(stalls) == 1
+    assert stalls[0].idle_seconds <= 6.0
+
+
 async def test_without_hang_seconds_no_stall(tmp_path: pathlib.Path) -> None:
     run = Run(tmp_path, hang_seconds=None)
     await run.ticks(5, step=1)
