@@ -204,6 +204,8 @@ class Manager:
         self.arrivals.job_changed(event.key)
         if event.type == "DELETED":
             metrics.forget_job(*event.key.split("/", 1))
+        elif event.type == "MODIFIED" and self.reconciler.echo_of_refresh(event.key, event.obj):
+            return  # our own progress refresh coming back: the streams are told, no pass
         self._enqueue(event.key)
 
     def _pod_job(self, namespace: str, pod: str) -> str | None:

@@ -376,7 +376,10 @@ def progress_lines(res: dict[str, Any]) -> list[str]:
         + f"); {c['reports']} summaries accepted ({c['reports_per_s']}/s); GangJob writes "
         f"{c['job_writes']} ({c['job_writes_per_30s']} per 30 s"
         + (f"; {c['job_writes_without']} without" if c["job_writes_without"] is not None else "")
-        + f"); controller API requests {c['api_requests']}.",
+        + ")"
+        + (f"; controller passes {c['passes']}" if c.get("passes") is not None else "")
+        + (f" ({c['passes_without']} without)" if c.get("passes_without") is not None else "")
+        + f"; controller API requests {c['api_requests']}.",
         "",
     ]
 

@@ -275,6 +275,7 @@ async def steady_cost(
     before, reports0, writes0 = (
         CtlSample.take(w.ctl), w.ctl.metric(REPORTS, accepted), tracker.writes,
     )  # fmt: skip
+    passes0 = w.ctl.metric(PASSES)
     t0 = time.monotonic()
     ticker = Progress(f"N={w.n} {mode}: {window:.0f}s steady window")
     while (left := window - (time.monotonic() - t0)) > 0:
@@ -283,6 +284,7 @@ async def steady_cost(
     took = time.monotonic() - t0
     ctl = CtlSample.take(w.ctl).since(before)
     reports = int(w.ctl.metric(REPORTS, accepted) - reports0)
+    passes = int(w.ctl.metric(PASSES) - passes0)
     writes = tracker.writes - writes0
     w.sample_rss()
     row = {
@@ -295,17 +297,21 @@ async def steady_cost(
         "job_writes_per_30s": round(writes * 30.0 / took, 2),
         "reports": reports,
         "reports_per_s": round(reports / took, 1),
+        "passes": passes,
     }
     print(
         f"  N={w.n} {mode}: {took:.0f}s: controller CPU {ctl['cpu_s']}s "
-        f"({100 * row['cpu_share']:.2f}% of a core), {writes} GangJob writes, {reports} "
-        f"progress summaries ({row['reports_per_s']}/s), API {ctl['requests']}",
+        f"({100 * row['cpu_share']:.2f}% of a core), {passes} passes, {writes} GangJob writes, "
+        f"{reports} progress summaries ({row['reports_per_s']}/s), API {ctl['requests']}",
         file=sys.stderr,
     )
     return row
 
 
 REPORTS = "gangjob_progress_reports_total"
+PASSES = "controller_runtime_reconcile_total"
+"""The controller's passes (reconciles) of every gang, by their result: in a steady window, the
+progress refreshes and whatever else woke a gang."""
 
 
 LAST_STEP_TO_BARRIER = between("last-step", "barrier")

@@ -152,4 +152,6 @@ def progress_cost(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
         "job_writes_without": off["job_writes"] if off is not None else None,
         "api_requests": on["controller"]["requests"],
         "api_requests_without": off["controller"]["requests"] if off is not None else None,
+        "passes": on.get("passes"),
+        "passes_without": off.get("passes") if off is not None else None,
     }

@@ -1,6 +1,6 @@
 """The gang's training progress and what its failures cost (docs/design.md section 4.8), pure:
 `status.progress` from what the workers' agents report, written at most every
-`PROGRESS_WRITE_SECONDS` and at each restart; what a failure lost, stamped on its restart
+`write_seconds` and at each restart; what a failure lost, stamped on its restart
 record; and `status.goodput`, productive time against wall time, with the lost time by cause.
 
 Definitions (docs/api.md "Goodput"): wall time runs from `status.startTime` to now (or the
@@ -20,14 +20,25 @@ from typing import Final
 from api.v1alpha1 import BadputSeconds, GoodputStatus, ProgressStatus, RestartRecord
 from controller.policy import straggler
 from controller.policy.passstate import Pass
+from controller.policy.podspec import summary_seconds
 from controller.policy.views import WorkerProgress
 
 PROGRESS_WRITE_SECONDS: Final = 30.0
 """`status.progress` and `status.goodput` are written at most this often while the gang runs
-(and at each restart): every GangJob write is sent to every agent."""
+(and at each restart): every GangJob write is sent to every agent. Large gangs write them once
+per summary period instead (`write_seconds`)."""
 STRAGGLER_WRITE_SECONDS: Final = 5.0
 """A change of the stragglers found is written at once, but no sooner than this after the
 progress was last written: workers that come and go cost a bounded rate of writes."""
+
+
+def write_seconds(workers: int) -> float:
+    """How often a gang of `workers` refreshes its progress while it runs: every
+    `PROGRESS_WRITE_SECONDS`, and for gangs whose agents summarise less often than that
+    (`summary_seconds`: N/100 s above 3000 workers), once per summary period. A refresh sooner
+    would only extrapolate the same summaries, and it costs a pass over every worker and a
+    write every agent's stream is woken by."""
+    return max(PROGRESS_WRITE_SECONDS, summary_seconds(workers))
 
 
 def reports(p: Pass) -> list[WorkerProgress]:
@@ -116,9 +127,10 @@ def on_restart(p: Pass, record: RestartRecord, onset_at: datetime | None) -> Res
 
 def account(p: Pass) -> None:
     """`status.progress` and `status.goodput`, refreshed at each restart and barrier, when the
-    job ends, and while trainers report at most every `PROGRESS_WRITE_SECONDS` (the pass looks
-    again then). Runs after every step, the passes that end early included."""
+    job ends, and while trainers report at most every `write_seconds` (the pass looks again
+    then). Runs after every step, the passes that end early included."""
     s = p.status
+    period = write_seconds(len(p.job.spec.workers))
     observed = p.observed.job.status
     if s.start_time is None or observed.completion_time is not None:
         return
@@ -129,7 +141,7 @@ def account(p: Pass) -> None:
     current = gang_progress(reports(p), p.stamp)
     last = s.progress.updated_at if s.progress is not None else None
     elapsed = None if last is None else (p.stamp - last).total_seconds()
-    due = current is not None and (elapsed is None or elapsed >= PROGRESS_WRITE_SECONDS)
+    due = current is not None and (elapsed is None or elapsed >= period)
     before = list(s.progress.stragglers or ()) if s.progress is not None else []
     after = _stragglers(p, before)
     if after != before and not (event or due):
@@ -151,7 +163,7 @@ def account(p: Pass) -> None:
     straggler.announce(p, before, recorded)
     if current is not None and not p.is_finished():
         since = 0.0 if due or event or elapsed is None else elapsed
-        p.requeue(max(1.0, PROGRESS_WRITE_SECONDS - since))
+        p.requeue(max(1.0, period - since))
 
 
 def _stragglers(p: Pass, before: list[int]) -> list[int]:

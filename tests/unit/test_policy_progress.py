@@ -12,7 +12,13 @@ import pytest
 
 from api.v1alpha1 import BadputSeconds, GangJobStatus, ProgressStatus
 from controller.policy.plan import Observed, plan
-from controller.policy.progress import PROGRESS_WRITE_SECONDS, gang_progress, step_at
+from controller.policy.podspec import summary_seconds
+from controller.policy.progress import (
+    PROGRESS_WRITE_SECONDS,
+    gang_progress,
+    step_at,
+    write_seconds,
+)
 from controller.policy.views import WorkerProgress
 from tests.unit.builders import T0
 from tests.unit.gangs import GANG_NOW, carry_out, crashed, gang, record, running_status, worker
@@ -70,6 +76,26 @@ def test_progress_is_written_at_most_every_30_seconds_while_the_gang_runs() -> N
     ten_later = dataclasses.replace(written, now=GANG_NOW + timedelta(seconds=10))
     moved = reporting(ten_later, 0, later_steps)
     assert plan(moved).requeue_after == pytest.approx(PROGRESS_WRITE_SECONDS - 10)
+
+
+def test_a_large_gang_refreshes_its_progress_once_per_summary_period() -> None:
+    # Its agents summarise every N/100 s: a refresh sooner would extrapolate the same summaries
+    # at the cost of a pass over every worker.
+    n = 4000
+    assert summary_seconds(n) == write_seconds(n) == 40.0
+    assert write_seconds(3) == PROGRESS_WRITE_SECONDS
+    first = reporting(gang(replicas=n), 0, {r: (100, 2.0, None) for r in range(n)})
+    result = plan(first)
+    assert result.requeue_after == 40.0
+    written = carry_out(first, result)
+    for later, expected in ((PROGRESS_WRITE_SECONDS, 100), (40, 180)):
+        now = GANG_NOW + timedelta(seconds=later)
+        moved = reporting(
+            dataclasses.replace(written, now=now), 0, {r: (180, 2.0, None) for r in range(n)}
+        )
+        progress = plan(moved).status.progress
+        assert progress is not None
+        assert progress.step == expected
 
 
 def test_a_restart_records_the_work_it_lost() -> None:

@@ -4,19 +4,28 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime as dt
 import time
 from typing import Any, cast
 
 import pytest
 
-from api.v1alpha1 import GangJob
+from api.v1alpha1 import GangJob, GangJobStatus, GoodputStatus, ProgressStatus, dump_status
 from controller.k8s import GANGJOBS, NODES, PODS, SERVICES, AlreadyExists, Forbidden, NotFound
 from controller.k8s.store import BY_GANGJOB, Store, gangjob_index
 from controller.manager import Manager
 from controller.policy.plan import Observed, Plan, PlanConfig, PodDelete, plan
-from controller.reconcile import REFUSED_RETRY_SECONDS, Caches, Outcome, Reconciler, progress_only
+from controller.reconcile import (
+    REFUSED_RETRY_SECONDS,
+    Caches,
+    Outcome,
+    Reconciler,
+    progress_only,
+    refresh_only,
+)
 from controller.runtime import metrics
-from tests.unit.builders import T0, job_dict, make_job
+from tests.unit.builders import T0, job_dict, make_job, with_status
+from tests.unit.gangs import running_status
 
 
 class DeleteRecorder:
@@ -93,8 +102,9 @@ class CreateRecorder:
     async def get(self, kind: Any, name: str, namespace: str | None = None) -> Any:
         return self.existing[f"{kind.kind}/{name}"]
 
-    async def patch_status(self, *args: Any, **kw: Any) -> None:
+    async def patch_status(self, *args: Any, **kw: Any) -> dict[str, Any]:
         """The pass's status write (the GangScheduling condition)."""
+        return {}
 
 
 def _gang_plan(job: GangJob) -> Plan:
@@ -191,3 +201,53 @@ def test_counts_in_the_ready_and_stuck_messages_are_progress_a_new_cause_is_not(
     assert progress_only(before, later)  # throttled with the counts: every agent reads it
     other = status("20/5000 workers ready", "AgentCrashLooping", "The agent keeps ...", 20)
     assert not progress_only(before, other)
+
+
+class StatusRecorder:
+    """Takes status writes and answers each with the next resourceVersion, as the apiserver."""
+
+    def __init__(self) -> None:
+        self.version = 100
+        self.written: list[dict[str, Any]] = []
+
+    async def patch_status(self, kind: Any, name: str, body: Any, ns: Any = None) -> Any:
+        self.version += 1
+        self.written.append(body["status"])
+        return {"metadata": {"name": name, "resourceVersion": str(self.version)}}
+
+
+async def test_the_echo_of_a_progress_refresh_needs_no_pass_and_no_other_write_does() -> None:
+    api = StatusRecorder()
+    caches = Caches(*(Store(cast(Any, api), k) for k in (GANGJOBS, PODS, NODES, SERVICES)))
+    reconciler = Reconciler(cast(Any, api), caches)
+    running = running_status(epoch=3, progress=ProgressStatus(step=100, updated_at=T0))
+    job = with_status(make_job(replicas=2), running)
+    obj = job_dict(2, status=dump_status(running))
+    key = f"{job.metadata.namespace}/{job.metadata.name}"
+
+    def echo(version: int) -> dict[str, Any]:
+        return {**obj, "metadata": {**obj["metadata"], "resourceVersion": str(version)}}
+
+    def decided(status: GangJobStatus) -> Plan:
+        return Plan(status=status, create_service=None, create_pods=[], delete_pods=[], events=[])
+
+    later = T0 + dt.timedelta(seconds=30)
+    refreshed = running.model_copy(
+        update={
+            "progress": ProgressStatus(step=160, updated_at=later),
+            "goodput": GoodputStatus(wall_seconds=30.0, productive_seconds=30.0, ratio=1.0),
+        }
+    )
+    out = await reconciler.act(job, obj, decided(refreshed))
+    assert out.status_written
+    assert set(api.written[-1]) == {"progress", "goodput"}
+    assert reconciler.echo_of_refresh(key, echo(101))
+    # Another writer's change after ours, or a job of the same name made again: a pass.
+    assert not reconciler.echo_of_refresh(key, echo(102))
+    assert not reconciler.echo_of_refresh("ml/other", echo(101))
+    # A write that moves anything else (here the epoch) is planned again when it comes back.
+    bumped = refreshed.model_copy(update={"epoch": 4})
+    await reconciler.act(job, obj, decided(bumped))
+    assert not reconciler.echo_of_refresh(key, echo(102))
+    assert refresh_only({"epoch": 3, "progress": {"step": 1}}, {"epoch": 3})
+    assert not refresh_only({"epoch": 3, "progress": {"step": 1}}, {"epoch": 4})
