@@ -201,11 +201,13 @@ class Manager:
 
     # -- event handlers: map a change to the GangJob keys it concerns ---------------------
     def _on_job(self, event: StoreEvent) -> None:
+        if event.type == "MODIFIED" and self.reconciler.echo_of_refresh(event.key, event.obj):
+            # Our own progress refresh coming back: no pass, and no arrival stream wakes (the
+            # state they send leaves progress and goodput out; at N=5000, 5000 wake-ups).
+            return
         self.arrivals.job_changed(event.key)
         if event.type == "DELETED":
             metrics.forget_job(*event.key.split("/", 1))
-        elif event.type == "MODIFIED" and self.reconciler.echo_of_refresh(event.key, event.obj):
-            return  # our own progress refresh coming back: the streams are told, no pass
         self._enqueue(event.key)
 
     def _pod_job(self, namespace: str, pod: str) -> str | None:

@@ -11,6 +11,7 @@ from typing import Any, cast
 import pytest
 
 from api.v1alpha1 import GangJob, GangJobStatus, GoodputStatus, ProgressStatus, dump_status
+from controller.arrivals.server import state_line
 from controller.k8s import GANGJOBS, NODES, PODS, SERVICES, AlreadyExists, Forbidden, NotFound
 from controller.k8s.store import BY_GANGJOB, Store, gangjob_index
 from controller.manager import Manager
@@ -251,3 +252,13 @@ async def test_the_echo_of_a_progress_refresh_needs_no_pass_and_no_other_write_d
     assert not reconciler.echo_of_refresh(key, echo(102))
     assert refresh_only({"epoch": 3, "progress": {"step": 1}}, {"epoch": 3})
     assert not refresh_only({"epoch": 3, "progress": {"step": 1}}, {"epoch": 4})
+
+
+def test_a_refresh_changes_nothing_the_arrival_streams_send() -> None:
+    # The manager wakes no stream for the echo of a refresh: that holds while the streams'
+    # state leaves out everything a refresh writes.
+    status = dump_status(running_status(epoch=2))
+    refreshed = {**status, "progress": {"step": 9}, "goodput": {"ratio": 0.5}}
+    assert refresh_only(status, refreshed)
+    job = job_dict(2, status=status)
+    assert state_line(job) == state_line({**job, "status": refreshed})
