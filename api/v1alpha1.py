@@ -1566,8 +1566,8 @@ class ProgressStatus(_Model):
     )
     updated_at: Time | None = Field(
         default=None,
-        description="When this was written: every 30 s at most while the gang runs, and at "
-        "each restart.",
+        description="When this was written: at each restart, and while the gang runs every "
+        "30 s (every N/100 s for gangs of N > 3000 workers, as often as their agents summarise).",
     )
 
 
