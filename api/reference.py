@@ -290,10 +290,11 @@ With `spec.progress.hangSeconds` set, a worker whose step has not advanced that 
 trainer runs (after its first report of the epoch, once the barrier is open) has failed with
 class `Hang`: by default the gang restarts in place, counted, and the trigger names the worker
 that hung, not the ones that waited for it (or says they cannot be told apart). A trainer that
-never reports is never hung. Each agent sends the controller a summary at most every 30 s (N/100 s
-in gangs of N > 3000; one message at once for a stall), never an apiserver write;
-`status.progress` is written as often, and at each restart. The sample [`train.py`](../manifests/samples/ddp/train.py)
-reports through the helper; the whole contract: [progress.md](progress.md).
+never reports is never hung. Each agent sends the controller a summary at most every 30 s (N/50 s
+in gangs of N > 1500; one message at once for a stall), never an apiserver write;
+`status.progress` is written as often, and at each restart. The sample
+[`train.py`](../manifests/samples/ddp/train.py) reports through the helper; the whole
+contract: [progress.md](progress.md).
 """
 
 

@@ -1567,7 +1567,7 @@ class ProgressStatus(_Model):
     updated_at: Time | None = Field(
         default=None,
         description="When this was written: at each restart, and while the gang runs every "
-        "30 s (every N/100 s for gangs of N > 3000 workers, as often as their agents summarise).",
+        "30 s (every N/50 s for gangs of N > 1500 workers, as often as their agents summarise).",
     )
 
 

@@ -75,7 +75,7 @@ STEPS_PER_SECOND = 1.0
 COMPUTE_SECONDS = 0.6
 JITTER = 0.1
 SUMMARY_SECONDS = 30.0
-"""The agents' summary period at N <= 3000 (`podspec.summary_seconds`)."""
+"""The agents' summary period at N <= 1500 (`podspec.summary_seconds`)."""
 RATE_SETTLE_SECONDS = 60.0
 """`status.progress.stepsPerSecond` read this long after a barrier: every worker's rate is then
 of the epoch (each agent's first summary of it comes within its period)."""

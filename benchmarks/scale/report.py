@@ -285,7 +285,7 @@ def report(settings: Settings, meta: dict[str, Any], results: list[dict[str, Any
             "in-place+progress and process+progress = the same restarts of a gang of their "
             f"own whose stand-in trainers report {HANG_STEPS_PER_SECOND:g} steps a second "
             "through `$GANGJOB_PROGRESS` and whose agents follow them and summarise to the "
-            "controller's `/v1/progress` (every 30 s, N/100 s above 3000 workers), as "
+            "controller's `/v1/progress` (every 30 s, N/50 s above 1500 workers), as "
             "deployed; measured in the same run as their twins without. Under each size, the "
             f"controller's cost of progress: its CPU over a steady window "
             f"({settings.progress_window:g} s, nothing failing) in the reporting `Pod` gang "

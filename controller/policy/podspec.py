@@ -611,11 +611,18 @@ def _progress_env() -> list[dict[str, Any]]:
     ]
 
 
+SUMMARIES_PER_SECOND: Final = 50
+"""The most progress summaries a second one gang's agents send the controller: each costs it
+0.2-0.5 ms of CPU (its HTTP handling; docs/progress.md), so at most 1-2.5% of a core, whatever
+the gang's size."""
+
+
 def summary_seconds(workers: int) -> float:
     """How often each agent of a gang of `workers` may send its progress summary: every 30 s,
-    and for large gangs N/100 s, so that the controller takes at most 100 a second (0.2 ms of
-    its CPU each: 2% of a core; docs/progress.md)."""
-    return max(DEFAULT_PROGRESS_SUMMARY_SECONDS, workers / 100)
+    and for gangs of more than 1500 every N/`SUMMARIES_PER_SECOND` s (100 s at N=5000). A
+    stall, a new checkpoint and a shift of the compute go at once whatever the period; the
+    periodic summary only refreshes the step rate the controller extrapolates."""
+    return max(DEFAULT_PROGRESS_SUMMARY_SECONDS, workers / SUMMARIES_PER_SECOND)
 
 
 def _agent_env(job: GangJob) -> list[dict[str, Any]]:

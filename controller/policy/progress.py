@@ -35,7 +35,7 @@ progress was last written: workers that come and go cost a bounded rate of write
 def write_seconds(workers: int) -> float:
     """How often a gang of `workers` refreshes its progress while it runs: every
     `PROGRESS_WRITE_SECONDS`, and for gangs whose agents summarise less often than that
-    (`summary_seconds`: N/100 s above 3000 workers), once per summary period. A refresh sooner
+    (`summary_seconds`: N/50 s above 1500 workers), once per summary period. A refresh sooner
     would only extrapolate the same summaries, and it costs a pass over every worker and a
     write every agent's stream is woken by."""
     return max(PROGRESS_WRITE_SECONDS, summary_seconds(workers))

@@ -557,7 +557,7 @@ def test_the_agent_knows_hang_seconds_and_a_big_gangs_summary_period() -> None:
     assert {"name": "GANGJOB_HANG_SECONDS", "value": "60"} in small["env"]
     assert all(e["name"] != "GANGJOB_PROGRESS_SUMMARY_SECONDS" for e in small["env"])
     big = container(spec_of(make_job(replicas=5000)), "gangjob-agent", "initContainers")
-    assert {"name": "GANGJOB_PROGRESS_SUMMARY_SECONDS", "value": "50"} in big["env"]
+    assert {"name": "GANGJOB_PROGRESS_SUMMARY_SECONDS", "value": "100"} in big["env"]
     assert all(e["name"] != "GANGJOB_HANG_SECONDS" for e in big["env"])
 
 

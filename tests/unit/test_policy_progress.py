@@ -79,9 +79,9 @@ def test_progress_is_written_at_most_every_30_seconds_while_the_gang_runs() -> N
 
 
 def test_a_large_gang_refreshes_its_progress_once_per_summary_period() -> None:
-    # Its agents summarise every N/100 s: a refresh sooner would extrapolate the same summaries
+    # Its agents summarise every N/50 s: a refresh sooner would extrapolate the same summaries
     # at the cost of a pass over every worker.
-    n = 4000
+    n = 2000
     assert summary_seconds(n) == write_seconds(n) == 40.0
     assert write_seconds(3) == PROGRESS_WRITE_SECONDS
     first = reporting(gang(replicas=n), 0, {r: (100, 2.0, None) for r in range(n)})
