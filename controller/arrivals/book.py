@@ -17,10 +17,9 @@ worker present arrived at it.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import MappingProxyType
@@ -200,7 +199,8 @@ def with_report(view: PodView, report: Report | None) -> PodView:
 
 class ArrivalBook:
     """The reports the agents hold, by pod; per GangJob, how many wait at each epoch (so the
-    last expected arrival is known the moment it comes) and a wake-up for their streams."""
+    last expected arrival is known the moment it comes); `job_changed` tells the endpoint's
+    streams."""
 
     def __init__(self) -> None:
         self._reports: dict[tuple[str, str], Report] = {}
@@ -214,7 +214,7 @@ class ArrivalBook:
         ] = {}
         self._job_of: dict[tuple[str, str], str] = {}
         self._waiting: dict[str, Counter[int]] = {}
-        self._changed: dict[str, asyncio.Event] = {}
+        self._listeners: list[Callable[[str, bool], None]] = []
         self._progress: dict[str, dict[str, ProgressReport]] = {}
         """Per GangJob (namespace/name), per pod name: the latest progress."""
         self._progress_job: dict[tuple[str, str], str] = {}
@@ -225,8 +225,8 @@ class ArrivalBook:
 
     def close(self) -> None:
         self.closing = True
-        for key in list(self._changed):
-            self.job_changed(key)
+        for listener in self._listeners:
+            listener("", True)
 
     def record(self, namespace: str, pod: str, report: Report, job: str = "") -> bool:
         """Keeps `report` (of a worker of GangJob `job`, namespace/name) unless the pod said
@@ -336,13 +336,11 @@ class ArrivalBook:
         return joined
 
     def job_changed(self, key: str) -> None:
-        """Wakes the streams of GangJob `key` (namespace/name)."""
-        event = self._changed.pop(key, None)
-        if event is not None:
-            event.set()
+        """Tells the streams of GangJob `key` (namespace/name) that it changed."""
+        for listener in self._listeners:
+            listener(key, False)
 
-    def changed(self, key: str) -> asyncio.Event:
-        event = self._changed.get(key)
-        if event is None:
-            event = self._changed[key] = asyncio.Event()
-        return event
+    def subscribe(self, listener: Callable[[str, bool], None]) -> None:
+        """`listener(key, False)` is called at each `job_changed(key)`, `listener("", True)`
+        at `close()` (the endpoint's streams: `arrivals/server.py`)."""
+        self._listeners.append(listener)
