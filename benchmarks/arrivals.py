@@ -55,7 +55,7 @@ log = logging.getLogger("benchmarks.arrivals")
 # -- the controller's side (the child process) -----------------------------------------------
 
 
-def serve(port: int, cert: str | None, key: str | None) -> None:
+def serve(port: int, cert: str | None, key: str | None, loop: str = "asyncio") -> None:
     """The endpoint over one GangJob held in memory; `/bench/*` changes its status and counts
     connections."""
     from aiohttp import web
@@ -132,7 +132,13 @@ def serve(port: int, cert: str | None, key: str | None) -> None:
         print("ready", flush=True)
         await asyncio.Event().wait()
 
-    asyncio.run(main())
+    if loop == "uvloop":
+        import uvloop
+
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(main())
+    else:
+        asyncio.run(main())
 
 
 # -- the agents' side (this process) ---------------------------------------------------------
@@ -220,14 +226,14 @@ def _get(url: str, path: str, body: Any = None) -> Any:
         return json.loads(resp.read())
 
 
-def measure(n: int, epochs: int, tls: bool, workdir: Path) -> dict[str, float]:
-    """One run with TLS on or off: the controller's figures per phase."""
+def measure(n: int, epochs: int, tls: bool, workdir: Path, loop: str) -> dict[str, float]:
+    """One run with TLS on or off, the endpoint on `loop`: the controller's figures."""
     port = _free_port()
     cert = key = None
     if tls:
         cert, key = _self_signed(workdir)
     child = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.arrivals", "--serve", str(port)]
+        [sys.executable, "-m", "benchmarks.arrivals", "--serve", str(port), "--loop", loop]
         + (["--cert", cert, "--key", str(key)] if cert else []),
         stdout=subprocess.PIPE,
     )
@@ -339,21 +345,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--agents", type=int, default=1000)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--tls", choices=("off", "on", "both"), default="off")
+    parser.add_argument(
+        "--loop",
+        default="asyncio",
+        help="the endpoint's event loop: asyncio, uvloop, or both side by side (asyncio,uvloop)",
+    )
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--cert", help=argparse.SUPPRESS)
     parser.add_argument("--key", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
-        serve(args.serve, args.cert, args.key)
+        serve(args.serve, args.cert, args.key, args.loop)
         return 0
     logging.basicConfig(level=logging.WARNING)
     modes = {"off": [False], "on": [True], "both": [False, True]}[args.tls]
     rows: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for tls in modes:
-            name = "TLS on" if tls else "TLS off"
-            rows[name] = measure(args.agents, args.epochs, tls, Path(tmp))
-            print(name, json.dumps(rows[name], indent=1), flush=True)
+        for loop in args.loop.split(","):
+            for tls in modes:
+                name = ("TLS on" if tls else "TLS off") + f", {loop}"
+                rows[name] = measure(args.agents, args.epochs, tls, Path(tmp), loop)
+                print(name, json.dumps(rows[name], indent=1), flush=True)
     metrics = list(next(iter(rows.values())))
     table = markdown_table(
         ["figure", *rows], [[m, *(f"{rows[r][m]:.3g}" for r in rows)] for m in metrics]

@@ -453,7 +453,7 @@ def arrivals_app(
         progress_accepted.inc()
         if book.record_progress(key, posted.pod, posted.progress(clock())) and on_news:
             on_news(key)
-        return web.json_response({"kind": "Status", "status": "Success"}, status=202)
+        return web.Response(body=_TAKEN, status=202, content_type="application/json")
 
     async def closing(_: web.Application) -> None:
         book.close()
@@ -474,6 +474,8 @@ def arrivals_app(
 
 
 _SUPERSEDED, _ENDED, _HUNG_UP = "superseded", "ended", "hung up"
+_TAKEN = json.dumps({"kind": "Status", "status": "Success"}).encode()
+"""A progress summary's answer, encoded once: ~167 of them a second at N=5000."""
 
 
 @dataclass(eq=False)
