@@ -369,7 +369,7 @@ def arrivals_app(
                 line = line_of(key, obj)
                 await response.write(line)
                 me.sent = line
-                if (obj.get("status") or {}).get("phase") in TERMINAL:
+                if book.closing or (obj.get("status") or {}).get("phase") in TERMINAL:
                     me.end(_ENDED)
                 elif not me.ended.done():
                     by_job.setdefault(key, {})[pod] = me
