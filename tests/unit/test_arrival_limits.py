@@ -21,7 +21,8 @@ from aiohttp import web
 
 from agent.agent import Step
 from agent.apiclient import ApiError, HttpClient
-from agent.direct import DirectArrival
+from agent.direct import DirectArrival, ProgressChannel
+from agent.progress import Summary
 from agent.protocol import JobState
 from controller.arrivals import auth as arrival_auth
 from controller.arrivals.auth import Identity
@@ -29,7 +30,7 @@ from controller.arrivals.book import ArrivalBook
 from controller.arrivals.server import MAX_BODY_BYTES, Limits, arrivals_app
 from controller.runtime.metrics import REGISTRY
 from localcluster.procs import free_port
-from tests.unit.test_agent import DEADLINE, JOB, NS, FakeApi, make_config, running, until
+from tests.unit.test_agent import DEADLINE, JOB, NS, FakeApi, make_config, polled, running, until
 from tests.unit.test_arrivals import GOOD, Controller, controller, direct_agent
 
 __all__ = ["controller"]  # the fixture, shared with test_arrivals
@@ -264,6 +265,10 @@ async def test_an_agent_told_429_waits_and_reports_again_without_falling_back(
         await runner.cleanup()
 
 
+SUMMARY = Summary(step=7, checkpoint=None, compute=0.1, steps_per_second=2.0, idle_seconds=0.2,
+                  stalled=False, malformed=0)  # fmt: skip
+
+
 async def test_an_agent_keeps_its_connection_from_one_arrival_to_the_next(
     serve: Callable[[Served], Any], tmp_path: pathlib.Path
 ) -> None:
@@ -293,6 +298,7 @@ async def test_an_agent_keeps_its_connection_from_one_arrival_to_the_next(
     fallback = types.SimpleNamespace(arrive=no_fallback)
     async with HttpClient(served.url) as client:
         arrival = DirectArrival(client, config, fallback, states.append, lambda: None, log)
+        progress = ProgressChannel(client, config, log)
         try:
             for epoch in range(5):
                 served.fake.set_status(epoch=epoch)
@@ -301,9 +307,14 @@ async def test_an_agent_keeps_its_connection_from_one_arrival_to_the_next(
                 held = served.book.get(NS, "train-0")
                 assert held is not None  # taken before arrive returned
                 assert held.epoch == epoch
-            assert len(peers) == 5
-            assert len(set(peers)) <= 2, peers  # two connections in turn, none new per arrival
+                await polled(lambda: not arrival._ending)  # the superseded stream read out
+                # The progress summaries (every 30 s) share the pool with the arrivals.
+                assert await progress.send(epoch, SUMMARY)
+            assert len(peers) == 10
+            # Two connections in turn: none new per arrival or per summary.
+            assert len(set(peers)) <= 2, peers
             assert states[-1].epoch == 4
+            assert served.book.progress(NS, "train-0") is not None
         finally:
             await arrival.close()
 
