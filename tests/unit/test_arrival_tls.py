@@ -3,14 +3,18 @@ verifies the endpoint with the CA it is given (`GANGJOB_ARRIVAL_CA_FILE`) before
 leaves it, arrives through it, and refuses an endpoint it cannot verify (arriving by
 annotation instead); a plain-HTTP request to the TLS endpoint gets no answer.
 
-The certificates in testdata/arrival-tls are fixed and long-lived (100 years): `ca.crt`
-signed `tls.crt` (127.0.0.1, localhost); `other-ca.crt` signed nothing here."""
+The controller serves it with `ServingCert` (`--arrival-tls-cert-file`/`-key-file`), which takes
+a rotated certificate for the next handshakes.
+
+The certificates in testdata/arrival-tls are fixed and long-lived (100 years): `ca.crt` signed
+`tls.crt`, `other-ca.crt` signed `other.crt` (both for 127.0.0.1 and localhost)."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import pathlib
+import shutil
 import ssl
 from collections.abc import AsyncIterator
 
@@ -23,6 +27,8 @@ from api.constants import ANNOTATION_EPOCH, ENV_ARRIVAL_CA
 from controller.arrivals.auth import Identity
 from controller.arrivals.book import ArrivalBook
 from controller.arrivals.server import arrivals_app
+from controller.runtime.httpserver import HttpServer
+from controller.runtime.servingcert import ServingCert
 from localcluster.procs import free_port
 from tests.unit.test_agent import DEADLINE, JOB, NS, FakeApi, make_config, running, until
 
@@ -152,3 +158,43 @@ def test_the_ca_is_read_from_the_environment_and_only_for_https() -> None:
     assert Config.from_env({**env, ENV_ARRIVAL_CA: ""}).arrival_ca_file is None
     with pytest.raises(ConfigError, match=f"{ENV_ARRIVAL_CA} is set but .* is not https://"):
         Config.from_env({**env, "GANGJOB_ARRIVAL_URL": "http://127.0.0.1:8082"})
+
+
+async def handshake(port: int, ca: str) -> bool:
+    """Whether a client trusting `ca` completes a TLS handshake with the server."""
+    try:
+        _, writer = await asyncio.open_connection(
+            "127.0.0.1", port, ssl=ssl.create_default_context(cafile=CERTS / ca)
+        )
+    except ssl.SSLCertVerificationError:
+        return False
+    writer.close()
+    return True
+
+
+async def test_the_controller_takes_a_rotated_certificate_for_new_handshakes(
+    tmp_path: pathlib.Path,
+) -> None:
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    shutil.copy(CERTS / "tls.crt", cert)
+    shutil.copy(CERTS / "tls.key", key)
+    serving = ServingCert(cert, key)
+    assert not serving.reload()  # unchanged
+    async with HttpServer(web.Application(), "127.0.0.1", 0, ssl_context=serving.context) as s:
+        assert s.port is not None
+        assert await handshake(s.port, "ca.crt")
+        assert not await handshake(s.port, "other-ca.crt")
+        # Caught between the two files' writes: the pair does not load, the old one serves.
+        shutil.copy(CERTS / "other.crt", cert)
+        assert not serving.reload()
+        assert await handshake(s.port, "ca.crt")
+        shutil.copy(CERTS / "other.key", key)
+        assert serving.reload()
+        assert await handshake(s.port, "other-ca.crt")
+        assert not await handshake(s.port, "ca.crt")
+
+
+def test_the_controller_refuses_half_a_tls_configuration() -> None:
+    from controller.main import main
+
+    assert main(["--arrival-tls-cert-file=/tmp/tls.crt"]) == 2
