@@ -18,6 +18,7 @@ worker present arrived at it.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ from api.constants import COMPUTE_SHIFT_RATIO
 from controller.policy.classify import all_containers_restarting
 from controller.policy.straggler import fold
 from controller.policy.views import PodView, WorkerProgress
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -225,8 +228,7 @@ class ArrivalBook:
 
     def close(self) -> None:
         self.closing = True
-        for listener in self._listeners:
-            listener("", True)
+        self._tell("", True)
 
     def record(self, namespace: str, pod: str, report: Report, job: str = "") -> bool:
         """Keeps `report` (of a worker of GangJob `job`, namespace/name) unless the pod said
@@ -336,9 +338,16 @@ class ArrivalBook:
         return joined
 
     def job_changed(self, key: str) -> None:
-        """Tells the streams of GangJob `key` (namespace/name) that it changed."""
+        """Tells the streams of GangJob `key` (namespace/name) that it changed. Called from the
+        job cache's event handler: a listener's failure is logged, never raised into it."""
+        self._tell(key, False)
+
+    def _tell(self, key: str, closing: bool) -> None:
         for listener in self._listeners:
-            listener(key, False)
+            try:
+                listener(key, closing)
+            except Exception:
+                log.exception("telling the streams of %r of a change failed", key or "every job")
 
     def subscribe(self, listener: Callable[[str, bool], None]) -> None:
         """`listener(key, False)` is called at each `job_changed(key)`, `listener("", True)`

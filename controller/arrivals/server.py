@@ -311,7 +311,11 @@ def arrivals_app(
                     transport.abort()  # the agent reads nothing: it holds memory, not a stream
                     stream.end(_HUNG_UP)
                     continue
-                transport.write(framed)
+                try:
+                    transport.write(framed)
+                except (OSError, RuntimeError):  # closed under us: as the agent hanging up
+                    stream.end(_HUNG_UP)
+                    continue
                 stream.sent = line
             if terminal:
                 stream.end(_ENDED)
