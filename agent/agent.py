@@ -16,13 +16,14 @@ import dataclasses
 import json
 import logging
 import os
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from agent.apiclient import Api, ClientError, HttpClient
+from agent.apiclient import Api, ClientError, HttpClient, ssl_context
 from agent.arrival import AnnotationArrival, Arrival
 from agent.config import Config
 from agent.direct import ControllerClient, DirectArrival, ProgressChannel
@@ -128,9 +129,9 @@ class Agent:
         self._watcher = JobWatcher(api, config, self.log)
         self._own_client: HttpClient | None = None
         annotation = AnnotationArrival(api, config.pod_path, config.pod_uid)
-        if arrival is None and config.arrival_url is not None:
-            if arrival_client is None:
-                arrival_client = self._own_client = HttpClient(config.arrival_url)
+        if arrival is None and config.arrival_url is not None and arrival_client is None:
+            arrival_client = self._own_client = self._controller_client(config)
+        if arrival is None and config.arrival_url is not None and arrival_client is not None:
             arrival = DirectArrival(
                 arrival_client,
                 config,
@@ -161,6 +162,23 @@ class Agent:
         self._trainer: TrainerRun | None = None
         self._watch_task: asyncio.Task[None] | None = None
         self._stop_task: asyncio.Task[bool] | None = None
+
+    def _controller_client(self, config: Config) -> HttpClient | None:
+        """The client to the arrival endpoint; None, and so the annotation, if the CA to
+        verify it with cannot be read (nothing goes to an endpoint the agent cannot verify)."""
+        assert config.arrival_url is not None
+        tls = None
+        if config.arrival_ca_file is not None:
+            try:
+                tls = ssl_context(config.arrival_ca_file)
+            except (OSError, ssl.SSLError) as e:
+                self.log.error(
+                    "the arrival endpoint's CA %s is unreadable (%s): arriving by annotation",
+                    config.arrival_ca_file,
+                    e,
+                )
+                return None
+        return HttpClient(config.arrival_url, ssl_context=tls)
 
     # observing
 

@@ -35,6 +35,7 @@ from api.constants import (
     DEFAULT_KILL_GRACE_SECONDS,
     DEFAULT_PROGRESS_SUMMARY_SECONDS,
     ENV_AGENT_PORT,
+    ENV_ARRIVAL_CA,
     ENV_ARRIVAL_TOKEN,
     ENV_ARRIVAL_URL,
     ENV_DIR,
@@ -61,6 +62,8 @@ environment:
   {ENV_POD_UID}   the pod's UID (downward API): keys the state file kept across restarts
   {ENV_ARRIVAL_URL}, {ENV_ARRIVAL_TOKEN}   the controller's arrival endpoint and the
       token for it (audience gangjob.io/arrival); unset: arrive by pod annotation
+  {ENV_ARRIVAL_CA}   the CA (PEM) an https:// arrival endpoint is verified with
+      (default: the system's trust store)
   {ENV_AGENT_PORT}   barrier probe port (sidecar; default {DEFAULT_AGENT_PORT})
   {ENV_DIR}   shared directory for the `epoch` file (default {DEFAULT_DIR})
   {ENV_KILL_GRACE_SECONDS}   SIGTERM to SIGKILL of the trainer (wrap; default \

@@ -16,6 +16,7 @@ from api.constants import (
     DEFAULT_KILL_GRACE_SECONDS,
     DEFAULT_PROGRESS_SUMMARY_SECONDS,
     ENV_AGENT_PORT,
+    ENV_ARRIVAL_CA,
     ENV_ARRIVAL_TOKEN,
     ENV_ARRIVAL_URL,
     ENV_DIR,
@@ -66,6 +67,9 @@ class Config:
     """The controller's arrival endpoint; None: arrive by annotation and watch the apiserver."""
     arrival_token_file: Path = Path(DEFAULT_ARRIVAL_TOKEN)
     """The projected token (audience `gangjob.io/arrival`) shown to the controller."""
+    arrival_ca_file: Path | None = None
+    """The CA the agent verifies an `https://` endpoint's certificate with; None: the system's
+    trust store. The token travels only inside the verified connection."""
     role: str | None = None
     """The worker's role (`GANGJOB_ROLE`): once it is `Complete`, a worker that succeeded is
     done, though the job runs on."""
@@ -116,6 +120,11 @@ class Config:
             if not arrival_url.startswith(("http://", "https://")):
                 raise ConfigError(f"{ENV_ARRIVAL_URL}={arrival_url!r}: not an http(s) URL")
             need(ENV_POD_UID)  # the controller is told which pod reports by its UID
+        arrival_ca = env.get(ENV_ARRIVAL_CA, "").strip() or None
+        if arrival_ca is not None and not (arrival_url or "").startswith("https://"):
+            raise ConfigError(
+                f"{ENV_ARRIVAL_CA} is set but {ENV_ARRIVAL_URL}={arrival_url!r} is not https://"
+            )
         return cls(
             job_name=need(ENV_GANGJOB_NAME),
             pod_name=need(ENV_POD_NAME),
@@ -130,6 +139,7 @@ class Config:
             arrival_token_file=Path(
                 env.get(ENV_ARRIVAL_TOKEN, "").strip() or DEFAULT_ARRIVAL_TOKEN
             ),
+            arrival_ca_file=Path(arrival_ca) if arrival_ca is not None else None,
             progress_poll_seconds=PROGRESS_POLL_SECONDS,
             hang_seconds=number(ENV_HANG_SECONDS, 0.0) or None,
             progress_summary_seconds=number(

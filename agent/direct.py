@@ -40,6 +40,10 @@ STREAM_INACTIVITY_SECONDS = 90.0
 """The controller writes the state line again every 30 s; this long silent is a dead stream."""
 BUSY_RETRY_MAX_SECONDS = 30.0
 """A 429's `Retry-After` is followed up to this long."""
+SUPERSEDED_GRACE_SECONDS = 5.0
+"""A report superseded by the agent's next one keeps its stream until the controller ends it
+(at a chunk's boundary, so that the connection is kept for a later request), this long at
+most."""
 
 
 class Streamer(Protocol):
@@ -182,14 +186,27 @@ class DirectArrival:
         self._log = log
         self._job_gone = job_gone
         self._hold: asyncio.Task[None] | None = None
+        # Superseded holds whose streams the controller is ending (their connections kept).
+        self._ending: set[asyncio.Task[None]] = set()
+        self._streaming: set[asyncio.Task[None]] = set()
         # Drawn when the agent starts, never kept across a restart: a report from another
         # incarnation than the pod's previous one proves to the controller that the pod's
         # containers restarted in between (docs/design.md section 3.5).
         self.incarnation = secrets.token_hex(8)
 
     async def arrive(self, epoch: int, exit: tuple[int, int] | None = None) -> None:
-        await self.close()
-        accepted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        older, self._hold = self._hold, None
+        if older is not None and older in self._streaming:
+            # Its stream ends once the controller has this report (it ends a pod's older
+            # stream cleanly): reading it to the end keeps its connection, so that a Process
+            # gang's restart costs no new connection (nor TLS handshake) per agent.
+            self._ending.add(older)
+            older.add_done_callback(self._ending.discard)
+            asyncio.get_running_loop().call_later(SUPERSEDED_GRACE_SECONDS, older.cancel)
+        elif older is not None:
+            await _cancel(older)  # retrying or falling back: nothing to keep
+        loop = asyncio.get_running_loop()
+        accepted: asyncio.Future[None] = loop.create_future()
         self._hold = asyncio.create_task(self._run(epoch, exit, accepted))
         # On `accepted` itself, and never cancel it: a cancelled future is done, and a report
         # that neither channel took would look accepted (the trainer's exit then lost).
@@ -201,10 +218,8 @@ class DirectArrival:
     async def close(self) -> None:
         """Stops holding the report (the controller forgets it once the pod moves on)."""
         hold, self._hold = self._hold, None
-        if hold is not None:
-            hold.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await hold
+        for task in [*self._ending, *([hold] if hold is not None else [])]:
+            await _cancel(task)
 
     async def _run(
         self, epoch: int, exit: tuple[int, int] | None, accepted: asyncio.Future[None]
@@ -213,6 +228,7 @@ class DirectArrival:
         backoff = Backoff(self._config.backoff_initial, min(2.0, self._config.backoff_max))
         last: JobState | None = None
         failing_since: float | None = None  # the first failure since the last line read
+        me = asyncio.current_task()
         while True:
             try:
                 stream = self._client.stream(
@@ -224,13 +240,16 @@ class DirectArrival:
                 )
                 async for event in stream:
                     last = JobState.from_object(_object(event))
+                    assert me is not None
+                    self._streaming.add(me)
                     if not accepted.done():
                         accepted.set_result(None)
-                    self._on_state(last)
+                    if self._hold is me:  # a superseded report's lines are old news
+                        self._on_state(last)
                     backoff.reset()
                     failing_since = None
-                if last is not None and last.finished:
-                    return  # the controller ended it: the job is over
+                if (last is not None and last.finished) or self._hold is not me:
+                    return  # the controller ended it: the job is over, or a report superseded
                 failure = "the controller ended the stream"
             except Refused as e:
                 self._log.error("arrival report refused (%s): arriving by annotation", e)
@@ -256,6 +275,11 @@ class DirectArrival:
                 failure = str(e)
             except ClientError as e:
                 failure = str(e)
+            finally:
+                if me is not None:
+                    self._streaming.discard(me)
+            if self._hold is not me:
+                return  # superseded: the next report is held now
             now = time.monotonic()
             failing_since = now if failing_since is None else failing_since
             if now - failing_since >= self._config.direct_fallback_seconds:
@@ -291,6 +315,12 @@ class DirectArrival:
                 await asyncio.sleep(delay)
         if not accepted.done():
             accepted.set_result(None)
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
 
 
 def _object(event: dict[str, Any]) -> dict[str, Any]:

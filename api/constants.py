@@ -343,6 +343,9 @@ ENV_POD_UID: Final = "POD_UID"
 ENV_ARRIVAL_URL: Final = "GANGJOB_ARRIVAL_URL"
 """The controller's arrival endpoint (`http://host:port`); unset: arrive by annotation only."""
 ENV_ARRIVAL_TOKEN: Final = "GANGJOB_ARRIVAL_TOKEN_FILE"
+ENV_ARRIVAL_CA: Final = "GANGJOB_ARRIVAL_CA_FILE"
+"""The CA bundle the agent verifies an `https://` arrival endpoint with (PEM); unset: the
+system's trust store."""
 ENV_EPOCH: Final = "GANGJOB_EPOCH"
 """Set by the agent in the trainer's environment (`Process` mode): the epoch it runs at."""
 

@@ -69,6 +69,14 @@ def parser() -> argparse.ArgumentParser:
         help="the endpoint as pods reach it, e.g. http://gangjob-arrivals.gangjob-system.svc:8082 "
         "(given to every agent; default: agents arrive by pod annotation)",
     )
+    p.add_argument(
+        "--arrival-tls-cert-file",
+        default="",
+        help="serve the arrival endpoint over TLS with this certificate (PEM; with "
+        "--arrival-tls-key-file), loaded again when it changes, e.g. a mounted Secret that "
+        "cert-manager renews; default: plain HTTP",
+    )
+    p.add_argument("--arrival-tls-key-file", default="", help="the certificate's private key")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--log-format", default="json", choices=["json", "text"])
     p.add_argument("--workers", type=int, default=4, help="concurrent reconciles")
@@ -163,6 +171,9 @@ async def run(args: argparse.Namespace) -> int:
         identity=default_identity(),
         arrival_address=args.arrival_bind_address,
         arrival_url=args.arrival_url or None,
+        arrival_tls=(args.arrival_tls_cert_file, args.arrival_tls_key_file)
+        if args.arrival_tls_cert_file
+        else None,
         own_pod=_own_pod(),
         barrier_stall_seconds=args.barrier_stall_seconds,
         quarantine=QuarantineConfig(
@@ -198,6 +209,12 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.log_level, args.log_format)
     if args.workers < 1:
         print("gangjob-controller: --workers must be at least 1", file=sys.stderr)
+        return 2
+    if bool(args.arrival_tls_cert_file) != bool(args.arrival_tls_key_file):
+        print(
+            "gangjob-controller: --arrival-tls-cert-file and --arrival-tls-key-file go together",
+            file=sys.stderr,
+        )
         return 2
     return asyncio.run(run(args))
 

@@ -61,6 +61,7 @@ from controller.runtime import collector, metrics
 from controller.runtime.httpserver import HttpServer
 from controller.runtime.probes import probes_app
 from controller.runtime.queue import WorkQueue
+from controller.runtime.servingcert import ServingCert
 from controller.workeraccess import AccessReview, check_worker_role
 
 log = logging.getLogger(__name__)
@@ -107,6 +108,9 @@ class Settings:
     """Where to serve the agents' arrival endpoint (controller.arrivals); None: not at all."""
     arrival_url: str | None = None
     """The endpoint's URL as the pods reach it (a Service), given to every agent."""
+    arrival_tls: tuple[str, str] | None = None
+    """(certificate, key) files to serve the endpoint with over TLS, followed as they rotate;
+    None: plain HTTP."""
     own_pod: tuple[str, str] | None = None
     """(namespace, name) of the controller's own pod, in a cluster: it carries LEADER_LABEL
     while this replica leads."""
@@ -387,6 +391,7 @@ class Manager:
     async def run(self) -> int:
         """Runs until cancelled (returns 0) or until the Lease is lost (returns 1)."""
         servers: list[HttpServer] = []
+        reloads: asyncio.Task[None] | None = None  # the arrival endpoint's certificate
         app_ready: Callable[[], bool] = self.synced
         for addr in {self.settings.metrics_address, self.settings.health_address} - {None}:
             assert addr is not None
@@ -404,11 +409,16 @@ class Manager:
                 on_report=self._on_report,
                 on_news=self._enqueue,
             )
+            cert = ServingCert(*self.settings.arrival_tls) if self.settings.arrival_tls else None
             # A gang of thousands restarts at once: its reports must not overflow the backlog.
-            server = HttpServer(app, host, port, backlog=4096)
+            server = HttpServer(
+                app, host, port, backlog=4096, ssl_context=cert.context if cert else None
+            )
             await server.start()
             servers.append(server)
-            log.info("arrival endpoint on %s:%s", host, server.port)
+            if cert is not None:
+                reloads = asyncio.create_task(cert.follow())
+            log.info("arrival endpoint on %s:%s (%s)", host, server.port, "TLS" if cert else "HTTP")
         store_tasks = [asyncio.create_task(s.run()) for s in self.stores]
         # A replica restarted in the same pod (it lost the Lease) must not keep drawing traffic.
         await self._label_own_pod(False)
@@ -437,6 +447,8 @@ class Manager:
             for t in store_tasks:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await t
+            if reloads is not None:
+                reloads.cancel()
             for server in servers:
                 await server.stop()
         if lost:

@@ -17,10 +17,10 @@ worker present arrived at it.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
+import logging
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import MappingProxyType
@@ -29,6 +29,8 @@ from api.constants import COMPUTE_SHIFT_RATIO
 from controller.policy.classify import all_containers_restarting
 from controller.policy.straggler import fold
 from controller.policy.views import PodView, WorkerProgress
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -200,7 +202,8 @@ def with_report(view: PodView, report: Report | None) -> PodView:
 
 class ArrivalBook:
     """The reports the agents hold, by pod; per GangJob, how many wait at each epoch (so the
-    last expected arrival is known the moment it comes) and a wake-up for their streams."""
+    last expected arrival is known the moment it comes); `job_changed` tells the endpoint's
+    streams."""
 
     def __init__(self) -> None:
         self._reports: dict[tuple[str, str], Report] = {}
@@ -214,7 +217,7 @@ class ArrivalBook:
         ] = {}
         self._job_of: dict[tuple[str, str], str] = {}
         self._waiting: dict[str, Counter[int]] = {}
-        self._changed: dict[str, asyncio.Event] = {}
+        self._listeners: list[Callable[[str, bool], None]] = []
         self._progress: dict[str, dict[str, ProgressReport]] = {}
         """Per GangJob (namespace/name), per pod name: the latest progress."""
         self._progress_job: dict[tuple[str, str], str] = {}
@@ -225,8 +228,7 @@ class ArrivalBook:
 
     def close(self) -> None:
         self.closing = True
-        for key in list(self._changed):
-            self.job_changed(key)
+        self._tell("", True)
 
     def record(self, namespace: str, pod: str, report: Report, job: str = "") -> bool:
         """Keeps `report` (of a worker of GangJob `job`, namespace/name) unless the pod said
@@ -336,13 +338,18 @@ class ArrivalBook:
         return joined
 
     def job_changed(self, key: str) -> None:
-        """Wakes the streams of GangJob `key` (namespace/name)."""
-        event = self._changed.pop(key, None)
-        if event is not None:
-            event.set()
+        """Tells the streams of GangJob `key` (namespace/name) that it changed. Called from the
+        job cache's event handler: a listener's failure is logged, never raised into it."""
+        self._tell(key, False)
 
-    def changed(self, key: str) -> asyncio.Event:
-        event = self._changed.get(key)
-        if event is None:
-            event = self._changed[key] = asyncio.Event()
-        return event
+    def _tell(self, key: str, closing: bool) -> None:
+        for listener in self._listeners:
+            try:
+                listener(key, closing)
+            except Exception:
+                log.exception("telling the streams of %r of a change failed", key or "every job")
+
+    def subscribe(self, listener: Callable[[str, bool], None]) -> None:
+        """`listener(key, False)` is called at each `job_changed(key)`, `listener("", True)`
+        at `close()` (the endpoint's streams: `arrivals/server.py`)."""
+        self._listeners.append(listener)

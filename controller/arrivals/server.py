@@ -19,8 +19,8 @@ import json
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -42,6 +42,8 @@ HEARTBEAT_SECONDS = 30.0
 (90 s) tells a dead controller from a quiet gang."""
 TERMINAL = frozenset({Phase.SUCCEEDED, Phase.FAILED})
 MAX_INCARNATION = 64
+MAX_UNREAD_BYTES = 64 * 1024
+"""A stream whose agent leaves this much of it unread is cut: ~400 lines of ~150 bytes."""
 P = TypeVar("P")
 
 
@@ -263,7 +265,10 @@ def arrivals_app(
     progress_accepted = metrics.PROGRESS_REPORTS.labels("accepted")
     pending = 0
     # The stream each pod holds, by (namespace, pod): a newer report of the pod ends it.
-    held: dict[tuple[str, str], asyncio.Task[Any]] = {}
+    held: dict[tuple[str, str], _Stream] = {}
+    # The streams sent lines, by GangJob key: a job change writes its line to each directly
+    # (`push`), no task woken per stream.
+    by_job: dict[str, dict[tuple[str, str], _Stream]] = {}
 
     def line_of(key: str, obj: JsonDict) -> bytes:
         version = str((obj.get("metadata") or {}).get("resourceVersion", ""))
@@ -271,6 +276,57 @@ def arrivals_app(
         if hit is None or hit[0] != version or not version:
             hit = lines[key] = (version, state_line(obj))
         return hit[1]
+
+    def changed(key: str, closing: bool) -> None:
+        for each in list(by_job) if closing else (key,):
+            push(each)
+
+    def push(key: str, force: bool = False, only: _Stream | None = None) -> None:
+        """The job's state line to each of its streams (or `only` the one) that has not been
+        sent it (`force`: to every one, the heartbeat), and the streams whose report no longer
+        holds ended."""
+        group = by_job.get(key)
+        if not group:
+            return
+        obj = None if book.closing else job(key)
+        if obj is None:
+            lines.pop(key, None)
+            for stream in list(group.values()):
+                stream.end(_ENDED)  # deleted (the agent sees its watch end) or stopping
+            return
+        line = line_of(key, obj)
+        framed = b"%x\r\n%b\r\n" % (len(line), line)  # one chunk, as aiohttp frames it
+        terminal = (obj.get("status") or {}).get("phase") in TERMINAL
+        for stream in list(group.values()) if only is None else (only,):
+            transport = stream.transport
+            if transport.is_closing():
+                stream.end(_HUNG_UP)
+                continue
+            report = book.get(stream.namespace, stream.pod)
+            if report is None or report.uid != stream.uid:
+                stream.end(_ENDED)  # the pod is gone, or replaced
+                continue
+            if force or stream.sent is not line:
+                if transport.get_write_buffer_size() > MAX_UNREAD_BYTES:
+                    transport.abort()  # the agent reads nothing: it holds memory, not a stream
+                    stream.end(_HUNG_UP)
+                    continue
+                try:
+                    transport.write(framed)
+                except (OSError, RuntimeError):  # closed under us: as the agent hanging up
+                    stream.end(_HUNG_UP)
+                    continue
+                stream.sent = line
+            if terminal:
+                stream.end(_ENDED)
+
+    book.subscribe(changed)
+
+    async def heartbeats() -> None:
+        while True:
+            await asyncio.sleep(heartbeat)
+            for key in list(by_job):
+                push(key, force=True)
 
     async def arrivals(request: web.Request) -> web.StreamResponse:
         nonlocal pending
@@ -289,23 +345,43 @@ def arrivals_app(
         if isinstance(checked, web.Response):
             return checked
         posted, key = checked
-        if len(held) >= limits.streams and (posted.namespace, posted.pod) not in held:
+        pod = (posted.namespace, posted.pod)
+        if len(held) >= limits.streams and pod not in held:
             return _busy(limits, f"{len(held)} streams are open")
+        transport = request.transport
+        if transport is None:
+            raise ConnectionResetError  # the agent hung up already
         accepted.inc()
         if book.record(posted.namespace, posted.pod, posted.report, job=key):
             on_report(key)
-        pod = (posted.namespace, posted.pod)
-        older, me = held.get(pod), asyncio.current_task()
-        assert me is not None
+        me = _Stream(posted.namespace, posted.pod, posted.report.uid, transport)
+        older = held.get(pod)
         held[pod] = me
         if older is not None:
-            older.cancel()  # the pod's agent reports again: its old stream is dead or stale
+            # The pod's agent reports again: its old stream ends, at a chunk's boundary, so
+            # that the agent may keep that connection for its next request.
+            older.end(_SUPERSEDED)
         metrics.ARRIVAL_STREAMS.inc()
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         response.enable_chunked_encoding()
         try:
             await response.prepare(request)
-            await _stream(request, response, posted, key)
+            obj = None if book.closing else job(key)
+            if obj is not None:
+                # The first line through aiohttp (it sends the headers with it); the later ones
+                # by `push`, written straight to the transport in the same framing.
+                line = line_of(key, obj)
+                await response.write(line)
+                me.sent = line
+                if book.closing or (obj.get("status") or {}).get("phase") in TERMINAL:
+                    me.end(_ENDED)
+                elif not me.ended.done():
+                    by_job.setdefault(key, {})[pod] = me
+                    now = job(key)  # what changed while the first line was written
+                    if now is not None and line_of(key, now) is not line:
+                        push(key, only=me)
+                if await me.ended == _HUNG_UP:
+                    raise ConnectionResetError
             await response.write_eof()
         except ConnectionResetError:
             pass  # the agent hung up: it moved on, its pod restarted, or it is gone
@@ -313,6 +389,11 @@ def arrivals_app(
             metrics.ARRIVAL_STREAMS.dec()
             if held.get(pod) is me:
                 del held[pod]
+            group = by_job.get(key)
+            if group is not None and group.get(pod) is me:
+                del group[pod]
+                if not group:
+                    del by_job[key]
         return response
 
     async def _check(
@@ -376,45 +457,48 @@ def arrivals_app(
         progress_accepted.inc()
         if book.record_progress(key, posted.pod, posted.progress(clock())) and on_news:
             on_news(key)
-        return web.json_response({"kind": "Status", "status": "Success"}, status=202)
-
-    async def _stream(
-        request: web.Request, response: web.StreamResponse, posted: Posted, key: str
-    ) -> None:
-        """The job's state while the report holds; returns when it no longer does."""
-        sent: bytes | None = None
-        last_write = 0.0
-        while not book.closing:
-            waiter = book.changed(key)
-            obj = job(key)
-            if obj is None:
-                lines.pop(key, None)
-                break  # deleted: the agent sees its watch end, or its pod go
-            line = line_of(key, obj)
-            if line != sent or time.monotonic() - last_write >= heartbeat:
-                await response.write(line)
-                sent, last_write = line, time.monotonic()
-            if (obj.get("status") or {}).get("phase") in TERMINAL:
-                break
-            if request.transport is None or request.transport.is_closing():
-                raise ConnectionResetError  # the agent hung up
-            held = book.get(posted.namespace, posted.pod)
-            if held is None or held.uid != posted.report.uid:
-                break  # the pod is gone, or replaced
-            # A timeout scope, not `wait_for`: a job change wakes every stream of its gang
-            # (thousands), and `wait_for` makes a task per stream per wake-up.
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(heartbeat):
-                    await waiter.wait()
+        return web.Response(body=_TAKEN, status=202, content_type="application/json")
 
     async def closing(_: web.Application) -> None:
         book.close()
+
+    async def beating(_: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(heartbeats())
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app.router.add_post(ARRIVALS_PATH, arrivals)
     app.router.add_post(PROGRESS_PATH, progress)
     app.on_shutdown.append(closing)
+    app.cleanup_ctx.append(beating)
     return app
+
+
+_SUPERSEDED, _ENDED, _HUNG_UP = "superseded", "ended", "hung up"
+_TAKEN = json.dumps({"kind": "Status", "status": "Success"}).encode()
+"""A progress summary's answer, encoded once: ~167 of them a second at N=5000."""
+
+
+@dataclass(eq=False)
+class _Stream:
+    """One agent's open answer: the pod and UID its report is of, the connection, the line
+    it was sent last, and `ended` (why it ends, once it does)."""
+
+    namespace: str
+    pod: str
+    uid: str
+    transport: asyncio.Transport
+    sent: bytes | None = None
+    ended: asyncio.Future[str] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+    def end(self, why: str) -> None:
+        if not self.ended.done():
+            self.ended.set_result(why)
 
 
 def _posted_report(body: Any) -> tuple[Posted, Identity, str]:

@@ -3,6 +3,8 @@ arrival endpoint), with a clean start and stop."""
 
 from __future__ import annotations
 
+import ssl
+
 from aiohttp import web
 
 __all__ = ["HttpServer"]
@@ -12,9 +14,15 @@ class HttpServer:
     """Serves `app` on host:port (port 0 picks a free one: see `port` once started)."""
 
     def __init__(
-        self, app: web.Application, host: str = "0.0.0.0", port: int = 8080, backlog: int = 128
+        self,
+        app: web.Application,
+        host: str = "0.0.0.0",
+        port: int = 8080,
+        backlog: int = 128,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self._runner = web.AppRunner(app, access_log=None)
+        self._ssl = ssl_context
         self._host = host
         self._port = port
         self._backlog = backlog
@@ -22,7 +30,9 @@ class HttpServer:
 
     async def start(self) -> None:
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, self._port, backlog=self._backlog)
+        site = web.TCPSite(
+            self._runner, self._host, self._port, backlog=self._backlog, ssl_context=self._ssl
+        )
         await site.start()
         addresses = self._runner.addresses
         self.port = int(addresses[0][1]) if addresses else self._port

@@ -8,8 +8,10 @@ to its pod annotation."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import pathlib
 import time
+import types
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -19,13 +21,16 @@ from aiohttp import web
 
 from agent.agent import Step
 from agent.apiclient import ApiError, HttpClient
+from agent.direct import DirectArrival, ProgressChannel
+from agent.progress import Summary
+from agent.protocol import JobState
 from controller.arrivals import auth as arrival_auth
 from controller.arrivals.auth import Identity
 from controller.arrivals.book import ArrivalBook
 from controller.arrivals.server import MAX_BODY_BYTES, Limits, arrivals_app
 from controller.runtime.metrics import REGISTRY
 from localcluster.procs import free_port
-from tests.unit.test_agent import DEADLINE, JOB, NS, FakeApi, running, until
+from tests.unit.test_agent import DEADLINE, JOB, NS, FakeApi, make_config, polled, running, until
 from tests.unit.test_arrivals import GOOD, Controller, controller, direct_agent
 
 __all__ = ["controller"]  # the fixture, shared with test_arrivals
@@ -189,9 +194,11 @@ async def test_streams_are_bounded_and_a_pod_holds_one(serve: Callable[[Served],
         # ends, whatever the limit.
         again = await first_line(session, served.url, "train-0")
         assert again.status == 200
-        with pytest.raises(aiohttp.ClientPayloadError):  # the old stream was cut off
-            async with asyncio.timeout(DEADLINE):
-                await first.content.read()
+        # The old stream ends at a chunk's boundary (not cut off): its connection stays good
+        # for the agent's next request.
+        async with asyncio.timeout(DEADLINE):
+            assert await first.content.read() == b""
+        assert first.content.is_eof()
         for r in (second, again):
             r.close()
 
@@ -256,3 +263,74 @@ async def test_an_agent_told_429_waits_and_reports_again_without_falling_back(
                 assert ctl.fake.patches == []  # no annotation: no fallback
     finally:
         await runner.cleanup()
+
+
+SUMMARY = Summary(step=7, checkpoint=None, compute=0.1, steps_per_second=2.0, idle_seconds=0.2,
+                  stalled=False, malformed=0)  # fmt: skip
+
+
+async def test_an_agent_keeps_its_connection_from_one_arrival_to_the_next(
+    serve: Callable[[Served], Any], tmp_path: pathlib.Path
+) -> None:
+    # A Process gang's agent reports every epoch while its previous report's stream is open:
+    # the controller ends that stream cleanly and the agent keeps the connection for a later
+    # request, so that a restart of N workers opens no N new connections (nor TLS handshakes).
+    served = Served(Limits(), by_token)
+    peers: list[Any] = []
+
+    @web.middleware
+    async def remember(request: web.Request, handler: Handler) -> web.StreamResponse:
+        peers.append(request.transport.get_extra_info("peername") if request.transport else None)
+        return await handler(request)
+
+    served.app.middlewares.append(remember)
+    await serve(served)
+    token = tmp_path / "token"
+    token.write_text("train-0/u-train-0")
+    config = make_config(tmp_path, "train-0", pod_uid="u-train-0", arrival_url=served.url,
+                         arrival_token_file=token)  # fmt: skip
+    states: list[JobState] = []
+    log = logging.LoggerAdapter(logging.getLogger("test"), {})
+
+    async def no_fallback(epoch: int, exit: tuple[int, int] | None = None) -> None:
+        raise AssertionError("the endpoint took every report")
+
+    fallback = types.SimpleNamespace(arrive=no_fallback)
+    async with HttpClient(served.url) as client:
+        arrival = DirectArrival(client, config, fallback, states.append, lambda: None, log)
+        progress = ProgressChannel(client, config, log)
+        try:
+            for epoch in range(5):
+                served.fake.set_status(epoch=epoch)
+                served.book.job_changed(f"{NS}/{JOB}")
+                await arrival.arrive(epoch)
+                held = served.book.get(NS, "train-0")
+                assert held is not None  # taken before arrive returned
+                assert held.epoch == epoch
+                await polled(lambda: not arrival._ending)  # the superseded stream read out
+                # The progress summaries (every 30 s) share the pool with the arrivals.
+                assert await progress.send(epoch, SUMMARY)
+            assert len(peers) == 10
+            # Two connections in turn: none new per arrival or per summary.
+            assert len(set(peers)) <= 2, peers
+            assert states[-1].epoch == 4
+            assert served.book.progress(NS, "train-0") is not None
+        finally:
+            await arrival.close()
+
+
+async def test_an_idle_stream_is_sent_its_line_again(serve: Callable[[Served], Any]) -> None:
+    # The heartbeat: the agent tells a quiet gang from a dead controller by the repeated line.
+    served = Served(Limits(), by_token)
+    served.app = arrivals_app(
+        served.book, by_token, lambda key: served.fake.job, pod_job=lambda ns, pod: JOB,
+        accepting=lambda: True, on_report=lambda key: None, heartbeat=0.05,
+    )  # fmt: skip
+    await serve(served)
+    async with aiohttp.ClientSession() as session:
+        response = await first_line(session, served.url, "train-0")
+        assert response.status == 200
+        async with asyncio.timeout(DEADLINE):
+            again = await response.content.readline()
+        assert b'"STATE"' in again
+        response.close()

@@ -99,6 +99,23 @@ def view(**kw: Any) -> PodView:
     return dataclasses.replace(base, **kw)
 
 
+def test_a_job_change_reaches_every_listener_and_never_raises_into_the_caller() -> None:
+    # job_changed is called from the job cache's event handler: a failing listener (the
+    # endpoint's streams) must not break the cache's watch.
+    book = ArrivalBook()
+    told: list[tuple[str, bool]] = []
+
+    def failing(key: str, closing: bool) -> None:
+        raise RuntimeError("a stream's transport broke")
+
+    book.subscribe(failing)
+    book.subscribe(lambda key, closing: told.append((key, closing)))
+    book.job_changed(f"{NS}/{JOB}")
+    book.close()
+    assert told == [(f"{NS}/{JOB}", False), ("", True)]
+    assert book.closing
+
+
 def test_a_report_joins_the_pods_view() -> None:
     v = view(arrived_epoch=1, reported_exit=None)
     assert with_report(v, None) is v

@@ -1,0 +1,200 @@
+"""The agent's side of an arrival endpoint served over TLS, without a cluster: the agent
+verifies the endpoint with the CA it is given (`GANGJOB_ARRIVAL_CA_FILE`) before its token
+leaves it, arrives through it, and refuses an endpoint it cannot verify (arriving by
+annotation instead); a plain-HTTP request to the TLS endpoint gets no answer.
+
+The controller serves it with `ServingCert` (`--arrival-tls-cert-file`/`-key-file`), which takes
+a rotated certificate for the next handshakes.
+
+The certificates in testdata/arrival-tls are fixed and long-lived (100 years): `ca.crt` signed
+`tls.crt`, `other-ca.crt` signed `other.crt` (both for 127.0.0.1 and localhost)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import pathlib
+import shutil
+import ssl
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp import web
+
+from agent.agent import Agent, Step
+from agent.config import Config, ConfigError
+from api.constants import ANNOTATION_EPOCH, ENV_ARRIVAL_CA
+from controller.arrivals.auth import Identity
+from controller.arrivals.book import ArrivalBook
+from controller.arrivals.server import arrivals_app
+from controller.runtime.httpserver import HttpServer
+from controller.runtime.servingcert import ServingCert
+from localcluster.procs import free_port
+from tests.unit.test_agent import DEADLINE, JOB, NS, FakeApi, make_config, running, until
+
+CERTS = pathlib.Path(__file__).parent / "testdata" / "arrival-tls"
+
+
+@dataclasses.dataclass
+class Served:
+    fake: FakeApi
+    book: ArrivalBook
+    url: str
+    port: int
+    tokens_seen: list[str]
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[Served]:
+    """`arrivals_app` over TLS on loopback, with `tls.crt`."""
+    fake, book, port = FakeApi(epoch=0), ArrivalBook(), free_port()
+    ctl = Served(fake, book, f"https://127.0.0.1:{port}", port, [])
+
+    async def authenticate(token: str) -> Identity:
+        ctl.tokens_seen.append(token)
+        pod, uid = token.split("/")
+        return Identity(NS, pod, uid)
+
+    app = arrivals_app(
+        book,
+        authenticate,
+        lambda key: (fake.job or None) if key == f"{NS}/{JOB}" else None,
+        pod_job=lambda ns, pod: JOB if pod in fake.pods else None,
+        accepting=lambda: True,
+        on_report=lambda key: None,
+    )
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(CERTS / "tls.crt", CERTS / "tls.key")
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port, ssl_context=tls).start()
+    try:
+        yield ctl
+    finally:
+        await runner.cleanup()
+
+
+def agent(served: Served, tmp_path: pathlib.Path, ca: str, **kw: object) -> Agent:
+    token = tmp_path / "token"
+    token.write_text("train-0/uid-train-0")
+    served.fake.add_pod("train-0")
+    served.fake.pods["train-0"]["metadata"]["uid"] = "uid-train-0"
+    config = make_config(
+        tmp_path,
+        "train-0",
+        pod_uid="uid-train-0",
+        arrival_url=served.url,
+        arrival_token_file=token,
+        arrival_ca_file=CERTS / ca,
+        **kw,
+    )
+    return Agent(config, served.fake)
+
+
+async def test_an_agent_arrives_over_tls_verified_by_the_ca_it_is_given(
+    served: Served, tmp_path: pathlib.Path
+) -> None:
+    a = agent(served, tmp_path, "ca.crt")
+    async with running(a):
+        await until(a, lambda s: s.step == Step.AT_BARRIER and s.epoch == 0)
+        held = served.book.get(NS, "train-0")
+        assert held is not None
+        assert held.epoch == 0
+        assert served.fake.patches == []  # no annotation: the report went through TLS
+        served.fake.set_status(barrierEpoch=0)
+        served.book.job_changed(f"{NS}/{JOB}")
+        await until(a, lambda s: s.barrier_open)  # the state line, read over TLS
+
+
+async def test_an_agent_given_the_wrong_ca_refuses_the_endpoint(
+    served: Served, tmp_path: pathlib.Path
+) -> None:
+    a = agent(served, tmp_path, "other-ca.crt", direct_fallback_seconds=0.3)
+    async with running(a):
+        await until(a, lambda s: s.step == Step.AT_BARRIER)
+        # The handshake failed before any request: its token never left it.
+        assert served.tokens_seen == []
+        assert served.book.get(NS, "train-0") is None
+        assert served.fake.annotations("train-0") == {ANNOTATION_EPOCH: "0"}
+
+
+async def test_an_agent_whose_ca_is_unreadable_arrives_by_annotation(
+    served: Served, tmp_path: pathlib.Path
+) -> None:
+    a = agent(served, tmp_path, "missing.crt", direct_fallback_seconds=60)
+    async with running(a):
+        await until(a, lambda s: s.step == Step.AT_BARRIER)
+        assert served.tokens_seen == []
+        assert served.fake.annotations("train-0") == {ANNOTATION_EPOCH: "0"}
+
+
+async def test_a_plain_http_request_to_the_tls_endpoint_gets_nothing(served: Served) -> None:
+    served.fake.add_pod("train-0")
+    reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+    body = b'{"namespace": "ns", "job": "train", "pod": "train-0", "uid": "u", "epoch": 0}'
+    writer.write(
+        b"POST /v1/arrivals HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer train-0/u\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body)
+    )
+    async with asyncio.timeout(DEADLINE):
+        answer = await reader.read()  # until the server closes the connection
+    writer.close()
+    assert not answer.startswith(b"HTTP/")
+    assert served.tokens_seen == []
+    assert served.book.get(NS, "train-0") is None
+
+
+def test_the_ca_is_read_from_the_environment_and_only_for_https() -> None:
+    env = {
+        "GANGJOB_NAME": JOB,
+        "POD_NAME": "train-0",
+        "POD_NAMESPACE": NS,
+        "POD_UID": "u",
+        "GANGJOB_ARRIVAL_URL": "https://gangjob-arrivals.gangjob-system.svc:8082",
+        ENV_ARRIVAL_CA: "/var/run/secrets/gangjob.io/arrival/ca.crt",
+    }
+    config = Config.from_env(env)
+    assert config.arrival_ca_file == pathlib.Path("/var/run/secrets/gangjob.io/arrival/ca.crt")
+    assert Config.from_env({**env, ENV_ARRIVAL_CA: ""}).arrival_ca_file is None
+    with pytest.raises(ConfigError, match=f"{ENV_ARRIVAL_CA} is set but .* is not https://"):
+        Config.from_env({**env, "GANGJOB_ARRIVAL_URL": "http://127.0.0.1:8082"})
+
+
+async def handshake(port: int, ca: str) -> bool:
+    """Whether a client trusting `ca` completes a TLS handshake with the server."""
+    try:
+        _, writer = await asyncio.open_connection(
+            "127.0.0.1", port, ssl=ssl.create_default_context(cafile=CERTS / ca)
+        )
+    except ssl.SSLCertVerificationError:
+        return False
+    writer.close()
+    return True
+
+
+async def test_the_controller_takes_a_rotated_certificate_for_new_handshakes(
+    tmp_path: pathlib.Path,
+) -> None:
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    shutil.copy(CERTS / "tls.crt", cert)
+    shutil.copy(CERTS / "tls.key", key)
+    serving = ServingCert(cert, key)
+    assert not serving.reload()  # unchanged
+    async with HttpServer(web.Application(), "127.0.0.1", 0, ssl_context=serving.context) as s:
+        assert s.port is not None
+        assert await handshake(s.port, "ca.crt")
+        assert not await handshake(s.port, "other-ca.crt")
+        # Caught between the two files' writes: the pair does not load, the old one serves.
+        shutil.copy(CERTS / "other.crt", cert)
+        assert not serving.reload()
+        assert await handshake(s.port, "ca.crt")
+        shutil.copy(CERTS / "other.key", key)
+        assert serving.reload()
+        assert await handshake(s.port, "other-ca.crt")
+        assert not await handshake(s.port, "ca.crt")
+
+
+def test_the_controller_refuses_half_a_tls_configuration() -> None:
+    from controller.main import main
+
+    assert main(["--arrival-tls-cert-file=/tmp/tls.crt"]) == 2
