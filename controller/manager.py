@@ -69,6 +69,11 @@ log = logging.getLogger(__name__)
 CONTROLLER_NAME = "gangjob"
 ARRIVAL_COALESCE = 0.05
 """Seconds that pod events carrying only an arrival wait, so that a burst shares one pass."""
+REPORT_COALESCE = 1.0
+"""Seconds that a direct report which leaves the barrier short waits: the endpoint counts the
+reports itself and runs the last one's pass at once (`_on_report`), so the passes before it only
+refresh the arrived counts, which status shows at most every second anyway; at N=5000 each is a
+pass over every worker (0.2-0.5 s)."""
 PACE_FROM = 0.02
 """Seconds of planning from which a gang's next pass waits as long after its last one ended."""
 PACE_MAX = 1.0
@@ -226,7 +231,7 @@ class Manager:
         opens the barrier: its pass runs now, neither coalesced with other arrivals nor held
         by the gang's pace; plan, reading the same book, decides as always."""
         if not self._barrier_due(key):
-            self._enqueue_arrival(key)
+            self._enqueue(key, after=REPORT_COALESCE)
             return
         self._next_pass_at.pop(key, None)
         self._urgent.add(key)
@@ -245,8 +250,8 @@ class Manager:
         return expected is not None and self.arrivals.waiting(key, epoch) >= expected
 
     def _enqueue_arrival(self, key: str) -> None:
-        # An arrival (annotation or direct report) is one of N during a restart and no failure:
-        # arrivals within ARRIVAL_COALESCE share one pass over the gang.
+        # An arrival by annotation is one of N during a restart and no failure: arrivals within
+        # ARRIVAL_COALESCE share one pass over the gang (which alone can count them).
         self._enqueue(key, after=ARRIVAL_COALESCE)
 
     def _on_pod(self, event: StoreEvent) -> None:

@@ -9,7 +9,7 @@ import time
 from typing import cast
 
 from controller.k8s import Kube
-from controller.manager import PACE_MAX, Manager, Settings
+from controller.manager import PACE_MAX, REPORT_COALESCE, Manager, Settings
 from controller.reconcile import Outcome
 
 KEY = "ml/llama"
@@ -69,3 +69,18 @@ async def test_events_after_a_pass_wait_for_the_pace_too_and_it_is_capped() -> N
     manager._enqueue(KEY)
     manager._enqueue_arrival(KEY)
     assert (len(manager.queue), manager.queue.waiting) == (0, 1)
+
+
+async def test_a_report_short_of_the_barrier_waits_a_second_and_the_last_one_none() -> None:
+    # The endpoint counts the reports: only the one that completes the barrier needs its pass
+    # at once; those before it would each plan the whole gang to refresh a count.
+    manager = Manager(cast(Kube, object()), Settings(metrics_address=None, health_address=None))
+    due = False
+    manager._barrier_due = lambda key: due  # type: ignore[method-assign]
+    manager._on_report(KEY)
+    assert (len(manager.queue), manager.queue.waiting) == (0, 1)
+    ready_at = manager.queue._waiting_at[KEY]
+    assert ready_at - time.monotonic() > REPORT_COALESCE - 0.5
+    due = True
+    manager._on_report(KEY)
+    assert len(manager.queue) == 1
