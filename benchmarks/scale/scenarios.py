@@ -34,6 +34,7 @@ from benchmarks.scale.observer import (
     uid,
     written_after,
 )
+from benchmarks.scale.profile import profiled
 from controller.k8s import JsonDict
 from localcluster.simkubelet import SimTrainer
 
@@ -95,7 +96,9 @@ async def timed(
     `Unfinished` if a milestone is not reached within `timeout`."""
     timeout = w.settings.rep_limit_s or timeout
     order = ["injected", *order]
-    async with CpuSampler.running(w.cpu_pids()) as sampler:
+    spy = w.settings.py_spy
+    out = spy / f"N{w.n}-{mode}-{rep + 1}.txt" if spy is not None else None
+    async with profiled(out), CpuSampler.running(w.cpu_pids()) as sampler:
         t0 = time.monotonic()
         injected = asyncio.ensure_future(inject())
         try:
