@@ -10,7 +10,7 @@ CLUSTER_PROFILE ?= sim
 NODES ?= 3
 
 .PHONY: help setup lint test test-unit test-integration test-e2e manifests install uninstall \
-        run cluster cluster-node down down-node status build-k8s bench faults clean
+        run demo-scale cluster cluster-node down down-node status build-k8s bench faults clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -75,6 +75,9 @@ run: setup ## the controller from this checkout against $KUBECONFIG's cluster (A
 
 demo: setup ## a PyTorch DDP gang survives a killed worker on a local real kubelet (root)
 	$(BIN)/python -m localcluster.demo
+
+demo-scale: setup ## 1000 workers on the sim cluster with agents: one killed, the gang restarts in place
+	$(BIN)/python -m localcluster.demoscale
 
 test: lint ## lint and every test tier (unit, integration on sim, e2e on a real node)
 	$(BIN)/pytest tests

@@ -6,6 +6,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +35,14 @@ class Progress:
         self.label, self.every = label, every
         self.start = self.last = time.monotonic()
 
-    def tick(self, state: str) -> None:
+    def tick(self, state: str | Callable[[], str]) -> None:
+        """Prints `state` if a line is due; a callable is called only then (a state that
+        counts thousands of agents costs the simulation's CPU at every poll otherwise)."""
         now = time.monotonic()
         if now - self.last >= self.every:
             self.last = now
-            print(f"  ... {self.label}: {state} ({now - self.start:.0f}s)", file=sys.stderr)
+            text = state() if callable(state) else state
+            print(f"  ... {self.label}: {text} ({now - self.start:.0f}s)", file=sys.stderr)
 
 
 def write_json(name: str, data: Any, directory: Path = RESULTS) -> Path:

@@ -8,7 +8,7 @@ import os
 import sys
 
 from localcluster import build as buildmod
-from localcluster import helm, jobset, kueue
+from localcluster import helm, jobset, kueue, simagents
 from localcluster import node as nodemod
 from localcluster.cluster import Cluster, Options, known_clusters
 from localcluster.handle import ClusterError
@@ -67,6 +67,28 @@ def parser() -> argparse.ArgumentParser:
         "WorkloadAwarePreemption)",
     )
 
+    u.add_argument(
+        "--agents",
+        action="store_true",
+        help="sim profile: also run the simulated kubelet with the real agent for every GangJob "
+        "pod on the KWOK nodes (the sim-agents component; `kill-worker` fails a worker)",
+    )
+
+    kw = sub.add_parser(
+        "kill-worker",
+        help="a worker's trainer exits with --code, as a crash would (a sim cluster up with "
+        "--agents): Pod mode restarts the gang in place",
+    )
+    kw.add_argument("job", help="the GangJob")
+    kw.add_argument("rank", type=int, nargs="?", help="the worker's rank (or --pod)")
+    kw.add_argument("--pod", help="the worker's pod, instead of a rank")
+    kw.add_argument("-n", "--namespace", default="default")
+    kw.add_argument("--name", default="sim", help="the cluster (default: sim)")
+    kw.add_argument(
+        "--code", type=int, default=1,
+        help="the trainer's exit code (default 1: in the failure policy's default restart rule)",
+    )  # fmt: skip
+
     d = sub.add_parser("down", help="stop a cluster and undo its changes to the host")
     d.add_argument("--profile", choices=["sim", "node"], default="sim")
     d.add_argument("--name", help="cluster name (default: the profile's name)")
@@ -121,9 +143,23 @@ def main(argv: list[str] | None = None) -> int:
                 node_monitor_grace_seconds=args.node_monitor_grace_seconds,
                 endpoint_batch_seconds=args.endpoint_batch_seconds,
                 gang_scheduling=args.gang_scheduling,
+                agents=args.agents,
             )
             kubeconfig = cluster.up(opts, sys.stderr)
             print(f"KUBECONFIG={kubeconfig}")
+            return 0
+        if args.cmd == "kill-worker":
+            if args.rank is None and not args.pod:
+                raise ClusterError("kill-worker: give the worker's rank or --pod")
+            done = simagents.kill_worker(
+                Cluster(args.name), args.namespace, args.job, args.rank,
+                pod=args.pod, code=args.code,
+            )  # fmt: skip
+            print(
+                f"{done['namespace']}/{done['pod']}: its trainer exited {done['code']}: "
+                f"{done['what']}\nwatch: localcluster kubectl --name {args.name} -- "
+                f"-n {done['namespace']} get gj {args.job} -w"
+            )
             return 0
         if args.cmd == "down":
             targets = known_clusters() if args.all else [Cluster(args.name or args.profile)]

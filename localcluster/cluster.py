@@ -27,6 +27,10 @@ from localcluster.procs import Proc, launch, stop
 from localcluster.versions import binary, kwok_stages_path, state_root
 
 Profile = Literal["sim", "node"]
+SIM_AGENTS = "sim-agents"
+"""The `--agents` component's name in the record (`localcluster.simagents.COMPONENT`)."""
+SIM_AGENTS_SOCKET = "sim-agents.sock"
+"""Its control socket in the cluster's directory (`localcluster.simagents.SOCKET_NAME`)."""
 
 
 @dataclass
@@ -47,6 +51,9 @@ class Options:
     gang_scheduling: bool = False
     """KEP-4671 gang scheduling: the `GANG_SCHEDULING_GATES` on the control plane, the
     `scheduling.k8s.io/v1alpha2` API served, and the scheduler's `GangScheduling` plugin."""
+    agents: bool = False
+    """`sim` only: the `sim-agents` component (`localcluster.simagents`), the simulated kubelet
+    running the real agent for every GangJob pod on the KWOK nodes."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -59,6 +66,7 @@ class Options:
             "node_monitor_grace_seconds": self.node_monitor_grace_seconds,
             "endpoint_batch_seconds": self.endpoint_batch_seconds,
             "gang_scheduling": self.gang_scheduling,
+            "agents": self.agents,
         }
 
     def control_plane_gates(self) -> dict[str, bool]:
@@ -118,6 +126,8 @@ class Cluster(ClusterHandle):
         if self.procs():
             out.write(f"cluster {self.name!r} is partly up; stopping what is left of it\n")
             self.down(out)
+        if opts.agents and opts.profile != "sim":
+            raise ClusterError("--agents runs the simulated kubelet: the sim profile only")
         t0 = time.monotonic()
         buildmod.build(out)
         inotify.check(opts.profile)
@@ -151,6 +161,7 @@ class Cluster(ClusterHandle):
             nodemod.restore_host(self, out)
         # A fresh etcd each time: a later `up` must not inherit objects from this run.
         shutil.rmtree(self.dir / "etcd", ignore_errors=True)
+        (self.dir / SIM_AGENTS_SOCKET).unlink(missing_ok=True)  # left by a killed sim-agents
         self.state_file.unlink(missing_ok=True)
         if stopped:
             out.write(f"cluster {self.name!r}: stopped {', '.join(stopped)}\n")
@@ -224,6 +235,20 @@ class Cluster(ClusterHandle):
             60,
             "kube-controller-manager",
         )
+        if opts.agents:
+            self._start_agents(out)
+
+    def _start_agents(self, out: TextIO) -> None:
+        """The simulated kubelet with the real agents (`localcluster.simagents`), serving once
+        its control socket is there."""
+        out.write("starting sim-agents (the simulated kubelet and the real agents)\n")
+        sock = self.dir / SIM_AGENTS_SOCKET
+        sock.unlink(missing_ok=True)
+        self.launch(
+            SIM_AGENTS,
+            [sys.executable, "-m", "localcluster.simagents", "--cluster", self.name],
+        )
+        self.wait_for("sim-agents' socket", sock.exists, 60, SIM_AGENTS, out)
 
     def _readyz(self) -> bool:
         return bool(self.api("GET", "/readyz", timeout=3) == "ok")

@@ -31,7 +31,9 @@ kubelet 1.36 does:
   deletes removed recreated pods of the same name);
 - with `arrival_url` (the controller's arrival endpoint), each pod gets a token bound to it for
   the audience `gangjob.io/arrival` by a TokenRequest, as the kubelet mounts a projected token,
-  and its agent reports there.
+  and its agent reports there; with `arrival_from_pods`, each agent reports where its pod's
+  environment says (`GANGJOB_ARRIVAL_URL`, which the controller gives it), as the real agent
+  does, so a long-lived kubelet follows whichever controller runs.
 Many agents share one HTTP client, so a benchmark can run thousands in one process.
 
 The delays, measured on the real node (`python -m benchmarks.kubelet_timing --restarts 5`:
@@ -75,6 +77,7 @@ from agent.trainer import TrainerRun
 from api.constants import (
     ARRIVAL_AUDIENCE,
     DEFAULT_PROGRESS_SUMMARY_SECONDS,
+    ENV_ARRIVAL_URL,
     ENV_EPOCH,
     ENV_GANGJOB_NAME,
     ENV_HANG_SECONDS,
@@ -96,6 +99,10 @@ AGENT_CONTAINER = "gangjob-agent"
 SYNTHETIC_EXIT = {"exitCode": 137, "reason": "RestartingAllContainers"}
 LIST_PAGE = 500
 """Pods per page of the pod list (see `SimKubelet._list`)."""
+RESTART_DELAY = 2.0
+"""A whole-pod restart on the real node, exit to next agent (measured: see above)."""
+START_DELAY = 1.3
+"""A new pod bound to its agent running on the real node (measured: see above)."""
 STOP_SHARE = 0.55
 """The share of a whole-pod restart before the kubelet says its containers start again."""
 STOPPED_EXIT_CODE = 143
@@ -362,7 +369,7 @@ class SimKubelet:
         api: HttpClient,
         namespace: str,
         *,
-        restart_delay: float = 2.0,
+        restart_delay: float = RESTART_DELAY,
         trainer_container: str = "trainer",
         kill_grace_seconds: float = 1.0,
         kubelet_concurrency: int = 64,
@@ -370,6 +377,7 @@ class SimKubelet:
         start_delay: float = 0.0,
         restart_stop_delay: float | None = None,
         progress: SimProgress | None = None,
+        arrival_from_pods: bool = False,
     ) -> None:
         """`restart_delay`: a whole-pod restart, the exit that triggers it to the new agent
         running; `restart_stop_delay` (at most `restart_delay`; None: `STOP_SHARE` of it): the
@@ -377,7 +385,8 @@ class SimKubelet:
         restart condition gone); `start_delay`: a new pod Running (by KWOK) to its agent
         running. `kubelet_concurrency` bounds this kubelet's requests to the apiserver.
         `progress`: the trainers of its jobs report steps and their agents follow them (None:
-        no trainer reports and no agent reads progress)."""
+        no trainer reports and no agent reads progress). `arrival_from_pods`: each agent's
+        arrival endpoint is its pod's `GANGJOB_ARRIVAL_URL` rather than `arrival_url`."""
         self.api = api
         self.progress = progress
         self.start_delay = start_delay
@@ -391,6 +400,8 @@ class SimKubelet:
         self.arrival_client = (
             HttpClient(arrival_url, max_idle=64, request_timeout=30.0) if arrival_url else None
         )
+        self.arrival_from_pods = arrival_from_pods
+        self._arrival_clients: dict[str, HttpClient] = {}  # the pods' own endpoints, by URL
         self._tokens: dict[str, Path] = {}  # pod UID -> its token file
         self.namespace = namespace
         self.restart_delay = restart_delay
@@ -576,7 +587,10 @@ class SimKubelet:
         if why:
             w.events.append(why)
         progress = self.progress is not None and self.progress.follows(job)
-        env = agent_env(pod) if progress else {}
+        env = agent_env(pod) if progress or self.arrival_from_pods else {}
+        arrival_url = self.arrival_url
+        if self.arrival_from_pods:
+            arrival_url = env.get(ENV_ARRIVAL_URL) or None
         config = Config(
             job_name=job,
             pod_name=name,
@@ -585,10 +599,10 @@ class SimKubelet:
             probe_port=None,
             kill_grace_seconds=self.kill_grace_seconds,
             pod_uid=uid,
-            arrival_url=self.arrival_url,
+            arrival_url=arrival_url,
             arrival_token_file=wdir / f"arrival-token-{uid}",
             progress_poll_seconds=PROGRESS_POLL_SECONDS if progress else None,
-            hang_seconds=_seconds(env, ENV_HANG_SECONDS),
+            hang_seconds=_seconds(env, ENV_HANG_SECONDS) if progress else None,
             progress_summary_seconds=_seconds(env, ENV_PROGRESS_SUMMARY_SECONDS)
             or DEFAULT_PROGRESS_SUMMARY_SECONDS,
         )
@@ -599,7 +613,7 @@ class SimKubelet:
             mode=w.mode,
             command=(trainer_command(pod, self.trainer) or ["trainer"]) if process else (),
             env={"PATH": "/usr/bin:/bin"},
-            arrival_client=self.arrival_client,
+            arrival_client=self._arrival_client(arrival_url),
             trainer_factory=w.new_trainer if process else None,
         )
         w.task = asyncio.create_task(self._run_agent(w.agent, pod))
@@ -608,8 +622,16 @@ class SimKubelet:
         w.task.add_done_callback(functools.partial(self._agent_done, w))
         self._poke()
 
+    def _arrival_client(self, url: str | None) -> HttpClient | None:
+        """The client every agent reporting to `url` shares (one per endpoint)."""
+        if url is None or (url == self.arrival_url and self.arrival_client is not None):
+            return self.arrival_client if url is not None else None
+        if url not in self._arrival_clients:
+            self._arrival_clients[url] = HttpClient(url, max_idle=64, request_timeout=30.0)
+        return self._arrival_clients[url]
+
     async def _run_agent(self, agent: Agent, pod: JsonDict) -> int:
-        if self.arrival_url is not None:
+        if agent.config.arrival_url is not None:
             await self._ensure_token(pod, agent.config.arrival_token_file)
         return await agent.run()
 
@@ -947,6 +969,8 @@ class SimKubelet:
         await self.status.close()
         if self.arrival_client is not None:
             await self.arrival_client.close()
+        for client in self._arrival_clients.values():
+            await client.close()
         shutil.rmtree(self._root, ignore_errors=True)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from pathlib import Path
 
 import benchmarks.scale
 from benchmarks.scale.runner import run
@@ -101,6 +102,14 @@ def main() -> int:
         "side by side keep their own",
     )
     p.add_argument("--keep", action="store_true", help="leave a cluster this run started up")
+    p.add_argument(
+        "--py-spy",
+        type=Path,
+        metavar="DIR",
+        help="sample this process with py-spy over each measured restart, into "
+        "DIR/N<n>-<mode>-<rep>.txt (collapsed stacks; the run's timings are then not the "
+        "benchmark's)",
+    )
     a = p.parse_args()
     modes = tuple(m for m in a.modes.split(",") if m)
     if not modes or set(modes) - set(SELECTABLE_MODES):
@@ -116,6 +125,6 @@ def main() -> int:
         modes=modes, peers=peers, peer_max_size=a.peer_max_size, peer_qps=a.peer_qps,
         scheduler_qps=a.scheduler_qps, endpoint_batch=a.endpoint_batch,
         cluster=a.cluster, keep=a.keep, name=a.name, progress=a.progress,
-        progress_window=a.progress_window,
+        progress_window=a.progress_window, py_spy=a.py_spy,
     )  # fmt: skip
     return asyncio.run(run(settings))

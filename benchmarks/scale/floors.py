@@ -31,7 +31,14 @@ from agent.watch import JobWatcher
 from benchmarks.common import Progress
 from benchmarks.scale.cluster import World, steady
 from benchmarks.scale.cpu import BENCH, CpuSampler
-from benchmarks.scale.observer import Check, CtlSample, JobTracker, agents_at, milestones, polled
+from benchmarks.scale.observer import (
+    AgentTally,
+    Check,
+    CtlSample,
+    JobTracker,
+    milestones,
+    polled,
+)
 from benchmarks.scale.scenarios import Span, measure_restart
 from benchmarks.scale.settings import ANNOTATION_FLOOR_CONCURRENCY
 from controller.k8s import GANGJOBS
@@ -54,6 +61,7 @@ async def floor(w: World, tracker: JobTracker, rep: int, gang: str) -> dict[str,
     agent saw the barrier open)."""
     epoch = int(tracker.status.get("epoch", 0))
     e1, n = epoch + 1, w.n
+    tally = AgentTally(w.s, e1)
     before = {name: wk.agent for name, wk in w.s.workers.items()}
 
     def saw() -> int:
@@ -76,16 +84,16 @@ async def floor(w: World, tracker: JobTracker, rep: int, gang: str) -> dict[str,
     checks: dict[str, Check] = {
         "seen": polled(lambda: saw() == n),
         "restarted": polled(lambda: restarted() == n),
-        "arrived": polled(lambda: agents_at(w.s, e1, opened=False) == n),
+        "arrived": polled(lambda: tally.arrived() == n),
         "barrier": lambda: tracker.barrier_at.get(e1),
-        "open": polled(lambda: agents_at(w.s, e1, opened=True) == n),
+        "open": polled(lambda: tally.opened() == n),
     }
     row = await measure_restart(
         w, tracker, "floor", rep, write_epoch, checks,
         ["seen", "restarted", "arrived", "barrier", "open"], w.timeout(0.2),
         lambda: f"{saw()}/{n} saw epoch {e1}, {restarted()}/{n} restarted, "
-        f"{agents_at(w.s, e1, opened=False)}/{n} arrived, "
-        f"{agents_at(w.s, e1, opened=True)}/{n} open",
+        f"{tally.arrived()}/{n} arrived, "
+        f"{tally.opened()}/{n} open",
         span=FLOOR_SPAN,
     )  # fmt: skip
     await steady(w, tracker, e1)

@@ -147,7 +147,7 @@ async def milestones(
             return reached
         if time.monotonic() > deadline:
             raise NotReached(timeout, reached, [n for n in checks if n not in reached], state())
-        progress.tick(state())
+        progress.tick(state)
         await asyncio.sleep(POLL)
 
 
@@ -208,6 +208,49 @@ def agents_at(sim: SimKubelet, epoch: int, *, opened: bool) -> int:
         else:
             count += st.step in (Step.AT_BARRIER, Step.RUNNING)
     return count
+
+
+class AgentTally:
+    """`agents_at` for one epoch, both counts (arrived, opened) from one pass over the agents,
+    shared by every check of one poll: the checks of a poll run with no await between them, so
+    no agent's state changes under them, and a poll's checks and its progress line cost one
+    pass over N agents instead of up to four (at N=5000, a pass is ~2 ms of this process's
+    CPU, 20 polls a second)."""
+
+    FRESH = POLL / 5
+    """A pass this recent is the current poll's (polls are `POLL` apart)."""
+
+    def __init__(self, sim: SimKubelet, epoch: int) -> None:
+        self.sim, self.epoch = sim, epoch
+        self._at = -1.0
+        self._arrived = self._opened = 0
+
+    def _pass(self) -> None:
+        now = time.monotonic()
+        if now - self._at < self.FRESH:
+            return
+        arrived = opened = 0
+        epoch = self.epoch
+        for wk in self.sim.workers.values():
+            a = wk.agent
+            if a is None:
+                continue
+            st = a.state
+            if st.epoch != epoch:
+                continue
+            opened += st.barrier_open
+            arrived += st.step in (Step.AT_BARRIER, Step.RUNNING)
+        self._at, self._arrived, self._opened = now, arrived, opened
+
+    def arrived(self) -> int:
+        """`agents_at(sim, epoch, opened=False)` as of this poll."""
+        self._pass()
+        return self._arrived
+
+    def opened(self) -> int:
+        """`agents_at(sim, epoch, opened=True)` as of this poll."""
+        self._pass()
+        return self._opened
 
 
 def pods_where(sim: SimKubelet, pred: Callable[[JsonDict], bool]) -> int:

@@ -22,11 +22,11 @@ from benchmarks.common import Progress
 from benchmarks.scale.cluster import World, lose_node, steady
 from benchmarks.scale.cpu import BENCH, CpuSampler
 from benchmarks.scale.observer import (
+    AgentTally,
     Check,
     CtlSample,
     JobTracker,
     NotReached,
-    agents_at,
     milestones,
     pods_where,
     polled,
@@ -34,6 +34,7 @@ from benchmarks.scale.observer import (
     uid,
     written_after,
 )
+from benchmarks.scale.profile import profiled
 from controller.k8s import JsonDict
 from localcluster.simkubelet import SimTrainer
 
@@ -95,7 +96,9 @@ async def timed(
     `Unfinished` if a milestone is not reached within `timeout`."""
     timeout = w.settings.rep_limit_s or timeout
     order = ["injected", *order]
-    async with CpuSampler.running(w.cpu_pids()) as sampler:
+    spy = w.settings.py_spy
+    out = spy / f"N{w.n}-{mode}-{rep + 1}.txt" if spy is not None else None
+    async with profiled(out), CpuSampler.running(w.cpu_pids()) as sampler:
         t0 = time.monotonic()
         injected = asyncio.ensure_future(inject())
         try:
@@ -187,6 +190,7 @@ async def in_place(
 ) -> dict[str, Any]:
     epoch = int(tracker.status.get("epoch", 0))
     e1, n = epoch + 1, w.n
+    tally = AgentTally(w.s, e1)
     # A worker on a big node, a different one each time.
     names = sorted(
         (p["metadata"]["name"] for p in w.s.pods.values()
@@ -198,15 +202,15 @@ async def in_place(
     checks: dict[str, Check] = {
         "visible": written_after(worker, "restarting", time.monotonic()),
         "epoch": lambda: tracker.epoch_at.get(e1),
-        "arrived": polled(lambda: agents_at(w.s, e1, opened=False) == n),
+        "arrived": polled(lambda: tally.arrived() == n),
         "barrier": lambda: tracker.barrier_at.get(e1),
-        "open": polled(lambda: agents_at(w.s, e1, opened=True) == n),
+        "open": polled(lambda: tally.opened() == n),
     }
     row = await measure_restart(
         w, tracker, mode, rep, lambda: w.s.crash(victim, 1), checks,
         ["visible", "epoch", "arrived", "barrier", "open"], w.timeout(0.2),
-        lambda: f"epoch {tracker.status.get('epoch')}, {agents_at(w.s, e1, opened=False)}/{n} "
-        f"arrived, {agents_at(w.s, e1, opened=True)}/{n} open",
+        lambda: f"epoch {tracker.status.get('epoch')}, {tally.arrived()}/{n} "
+        f"arrived, {tally.opened()}/{n} open",
     )  # fmt: skip
     row["worker"] = victim
     await steady(w, tracker, e1)
@@ -218,6 +222,7 @@ async def process(w: World, tracker: JobTracker, rep: int, mode: str = "process"
     at E+1 and starts it again behind the barrier, in the same pod."""
     epoch = int(tracker.status.get("epoch", 0))
     e1, n = epoch + 1, w.n
+    tally = AgentTally(w.s, e1)
     names = sorted(w.s.workers, key=lambda s: int(s.rsplit("-", 1)[1]))
     victim = names[(rep * 7919 + 1) % len(names)]
     worker = w.s.workers[victim]
@@ -234,16 +239,16 @@ async def process(w: World, tracker: JobTracker, rep: int, mode: str = "process"
     checks: dict[str, Check] = {
         "exited": lambda: trainer.ended_at,
         "epoch": lambda: tracker.epoch_at.get(e1),
-        "arrived": polled(lambda: agents_at(w.s, e1, opened=False) == n),
+        "arrived": polled(lambda: tally.arrived() == n),
         "barrier": lambda: tracker.barrier_at.get(e1),
-        "open": polled(lambda: agents_at(w.s, e1, opened=True) == n),
+        "open": polled(lambda: tally.opened() == n),
     }
     try:
         row = await measure_restart(
             w, tracker, mode, rep, lambda: w.s.crash(victim, 1), checks,
             ["exited", "epoch", "arrived", "barrier", "open"], w.timeout(0.2),
-            lambda: f"epoch {tracker.status.get('epoch')}, {agents_at(w.s, e1, opened=False)}/{n} "
-            f"arrived, {agents_at(w.s, e1, opened=True)}/{n} open",
+            lambda: f"epoch {tracker.status.get('epoch')}, {tally.arrived()}/{n} "
+            f"arrived, {tally.opened()}/{n} open",
             EXITED_TO_BARRIER,
         )  # fmt: skip
     finally:
@@ -325,6 +330,7 @@ async def hang(w: World, tracker: JobTracker, rep: int, hang_seconds: float) -> 
     written, restart the epoch to the barrier."""
     epoch = int(tracker.status.get("epoch", 0))
     e1, n = epoch + 1, w.n
+    tally = AgentTally(w.s, e1)
     names = sorted(w.s.workers, key=lambda s: int(s.rsplit("-", 1)[1]))
     victim = names[(rep * 7919 + 1) % len(names)]
     agent = w.s.workers[victim].agent
@@ -341,16 +347,16 @@ async def hang(w: World, tracker: JobTracker, rep: int, hang_seconds: float) -> 
         "last-step": lambda: hung[0].reported_at if hung else None,
         "stalled": polled(lambda: monitor.stalls > stalls),
         "epoch": lambda: tracker.epoch_at.get(e1),
-        "arrived": polled(lambda: agents_at(w.s, e1, opened=False) == n),
+        "arrived": polled(lambda: tally.arrived() == n),
         "barrier": lambda: tracker.barrier_at.get(e1),
-        "open": polled(lambda: agents_at(w.s, e1, opened=True) == n),
+        "open": polled(lambda: tally.opened() == n),
     }
     row = await measure_restart(
         w, tracker, "hang", rep, inject, checks,
         ["last-step", "stalled", "epoch", "arrived", "barrier", "open"],
         w.timeout(0.2) + hang_seconds,
         lambda: f"stalled {monitor.stalls > stalls}, epoch {tracker.status.get('epoch')}, "
-        f"{agents_at(w.s, e1, opened=False)}/{n} arrived",
+        f"{tally.arrived()}/{n} arrived",
         LAST_STEP_TO_BARRIER,
     )  # fmt: skip
     steps = row["steps"]
@@ -380,6 +386,7 @@ async def node_lost(w: World, tracker: JobTracker, rep: int, node: str) -> dict[
     victim, old_uid = on_node[0]["metadata"]["name"], uid(on_node[0])
     epoch = int(tracker.status.get("epoch", 0))
     e1, n = epoch + 1, w.n
+    tally = AgentTally(w.s, e1)
     visible: list[float] = []
 
     async def inject() -> None:
@@ -395,15 +402,15 @@ async def node_lost(w: World, tracker: JobTracker, rep: int, node: str) -> dict[
         "visible": lambda: visible[0] if visible else None,
         "epoch": lambda: tracker.epoch_at.get(e1),
         "recreated": polled(recreated),
-        "arrived": polled(lambda: agents_at(w.s, e1, opened=False) == n),
+        "arrived": polled(lambda: tally.arrived() == n),
         "barrier": lambda: tracker.barrier_at.get(e1),
-        "open": polled(lambda: agents_at(w.s, e1, opened=True) == n),
+        "open": polled(lambda: tally.opened() == n),
     }
     row = await measure_restart(
         w, tracker, "node-lost", rep, inject, checks,
         ["visible", "epoch", "recreated", "arrived", "barrier", "open"], w.timeout(0.2),
         lambda: f"epoch {tracker.status.get('epoch')}, recreated {recreated()}, "
-        f"{agents_at(w.s, e1, opened=False)}/{n} arrived",
+        f"{tally.arrived()}/{n} arrived",
     )  # fmt: skip
     row["worker"] = victim
     await steady(w, tracker, e1)
@@ -413,6 +420,7 @@ async def node_lost(w: World, tracker: JobTracker, rep: int, node: str) -> dict[
 async def recreate(w: World, tracker: JobTracker, rep: int) -> dict[str, Any]:
     epoch = int(tracker.status.get("epoch", 0))
     e1, n = epoch + 1, w.n
+    tally = AgentTally(w.s, e1)
     old = {uid(p) for p in w.s.pods.values()}
     names = sorted(w.s.workers, key=lambda s: int(s.rsplit("-", 1)[1]))
     victim = names[(rep * 7919 + 1) % len(names)]
@@ -427,9 +435,9 @@ async def recreate(w: World, tracker: JobTracker, rep: int) -> dict[str, Any]:
         "deleted": polled(lambda: pods_where(w.s, lambda p: uid(p) in old) == 0),
         "scheduled": polled(new(lambda p: bool(p["spec"].get("nodeName")))),
         "running": polled(new(running)),
-        "arrived": polled(lambda: agents_at(w.s, e1, opened=False) == n),
+        "arrived": polled(lambda: tally.arrived() == n),
         "barrier": lambda: tracker.barrier_at.get(e1),
-        "open": polled(lambda: agents_at(w.s, e1, opened=True) == n),
+        "open": polled(lambda: tally.opened() == n),
     }
 
     def state() -> str:

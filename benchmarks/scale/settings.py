@@ -86,6 +86,8 @@ class Settings:
     """Measure the in-place and process modes again with trainers reporting progress, and the
     controller's cost of progress over a steady window (`PROGRESS_TWINS`, `STEADY`)."""
     progress_window: float = PROGRESS_WINDOW_S
+    py_spy: Path | None = None
+    """Where py-spy's samples of this process over each measured restart go (None: none)."""
     progress_settle: float | None = None
     """Seconds from the reporting gang running to its steady window (None: the agents' summary
     period and 5 s, so that every agent reports at its period within the window)."""
