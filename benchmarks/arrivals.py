@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import contextlib
 import functools
+import importlib
 import json
 import logging
 import os
@@ -133,8 +134,8 @@ def serve(port: int, cert: str | None, key: str | None, loop: str = "asyncio") -
         await asyncio.Event().wait()
 
     if loop == "uvloop":
-        import uvloop
-
+        # Not a dependency (docs/bench/arrivals-2026-11-27.md): `pip install uvloop` to compare.
+        uvloop = importlib.import_module("uvloop")
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             runner.run(main())
     else:

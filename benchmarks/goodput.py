@@ -32,7 +32,7 @@ from typing import Any
 import yaml
 
 from api import builders
-from benchmarks.common import Progress, markdown_table, write_json
+from benchmarks.common import Progress, markdown_table, until_terminated, write_json
 from benchmarks.realnode import controller_on_node, record_restarts, watch_until
 from controller.k8s import JsonDict, Kube
 from localcluster.node import AGENT_IMAGE
@@ -231,7 +231,7 @@ def main() -> int:
     p.add_argument("--every", type=int, default=20, help="steps between checkpoints")
     p.add_argument("--cluster", default="node", help="local cluster (node profile)")
     p.add_argument("--keep", action="store_true", help="leave the cluster up afterwards")
-    return asyncio.run(run(p.parse_args()))
+    return asyncio.run(until_terminated(run(p.parse_args())))
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ import yaml
 
 from api import builders
 from api.constants import ANNOTATION_EPOCH
-from benchmarks.common import Progress, markdown_table, write_json
+from benchmarks.common import Progress, markdown_table, until_terminated, write_json
 from benchmarks.realnode import controller_on_node
 from controller.k8s import GANGJOBS, PODS, JsonDict, Kube
 from localcluster.cluster import Cluster
@@ -243,7 +243,7 @@ def main() -> int:
         help="how agents report arrivals: to the controller, or by annotating their pod",
     )  # fmt: skip
     p.add_argument("--keep", action="store_true", help="leave the cluster up afterwards")
-    return asyncio.run(run(p.parse_args()))
+    return asyncio.run(until_terminated(run(p.parse_args())))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,14 @@ from typing import Any
 import yaml
 
 from api.builders import gangjob
-from benchmarks.common import Progress, cpu_seconds, markdown_table, rss_mib, write_json
+from benchmarks.common import (
+    Progress,
+    cpu_seconds,
+    markdown_table,
+    rss_mib,
+    until_terminated,
+    write_json,
+)
 from controller.k8s import GANGJOBS, JsonDict, Kube
 from localcluster.cluster import Cluster, Options
 from localcluster.tools import ControllerProcess, controller_kubeconfig, install_crd, kubectl
@@ -116,7 +123,7 @@ def main() -> int:
     p.add_argument("--cluster", default="bench", help="local cluster to use (started if down)")
     p.add_argument("--scheduler-qps", type=int, help="raise the scheduler's client QPS")
     p.add_argument("--keep", action="store_true", help="leave the cluster up afterwards")
-    return asyncio.run(run(p.parse_args()))
+    return asyncio.run(until_terminated(run(p.parse_args())))
 
 
 if __name__ == "__main__":

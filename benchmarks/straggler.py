@@ -53,7 +53,7 @@ from agent.direct import progress_body
 from agent.progress import SHIFT_MIN_SECONDS, Reading, Tracker
 from api.constants import LABEL_RANK
 from api.v1alpha1 import StragglerSpec
-from benchmarks.common import RESULTS, Progress, markdown_table, write_json
+from benchmarks.common import RESULTS, Progress, markdown_table, until_terminated, write_json
 from benchmarks.scale.cluster import (
     World,
     ensure_cluster,
@@ -462,7 +462,7 @@ def main() -> int:
     p.add_argument("--cluster", default="bench", help="local sim cluster (started if down)")
     p.add_argument("--name", default="straggler", help="results file name in benchmarks/results")
     p.add_argument("--keep", action="store_true", help="leave a cluster this run started up")
-    return asyncio.run(run(p.parse_args()))
+    return asyncio.run(until_terminated(run(p.parse_args())))
 
 
 if __name__ == "__main__":

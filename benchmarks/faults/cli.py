@@ -6,30 +6,17 @@ import argparse
 import asyncio
 import logging
 import shlex
-import signal
 import sys
-from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import benchmarks.faults
+from benchmarks.common import until_terminated
 from benchmarks.faults import report
 from benchmarks.faults.runner import FULL_SHAPES, SHORT_SHAPES, Settings, run
 from benchmarks.faults.schedule import KINDS
 
 T = TypeVar("T")
-
-
-async def _until_terminated(coro: Coroutine[Any, Any, T]) -> T:
-    """`coro`, cancelled by SIGTERM as SIGINT cancels it: a campaign stopped either way takes
-    down the controllers and agents it started (and its cluster, unless `--keep`)."""
-    task = asyncio.ensure_future(coro)
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, task.cancel)
-    try:
-        return await task
-    finally:
-        loop.remove_signal_handler(signal.SIGTERM)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         kinds=kinds or None,
     )
     try:
-        result = asyncio.run(_until_terminated(run(settings)))
+        result = asyncio.run(until_terminated(run(settings)))
     except (asyncio.CancelledError, KeyboardInterrupt):
         print("stopped: no report written", file=sys.stderr)
         return 130

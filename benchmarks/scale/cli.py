@@ -7,6 +7,7 @@ import asyncio
 from pathlib import Path
 
 import benchmarks.scale
+from benchmarks.common import until_terminated
 from benchmarks.scale.runner import run
 from benchmarks.scale.settings import (
     HANG,
@@ -127,4 +128,4 @@ def main() -> int:
         cluster=a.cluster, keep=a.keep, name=a.name, progress=a.progress,
         progress_window=a.progress_window, py_spy=a.py_spy,
     )  # fmt: skip
-    return asyncio.run(run(settings))
+    return asyncio.run(until_terminated(run(settings)))
