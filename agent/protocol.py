@@ -10,7 +10,15 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from api.constants import ANNOTATION_EPOCH, ANNOTATION_EXIT
+from api.constants import (
+    ANNOTATION_EPOCH,
+    ANNOTATION_EXIT,
+    ENV_EPOCH,
+    ENV_PET_NNODES,
+    ENV_PET_NODE_RANK,
+    ENV_RANK,
+    ENV_WORLD_SIZE,
+)
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -32,6 +40,9 @@ class JobState:
     resource_version: str = ""
     complete_roles: frozenset[str] = frozenset()
     """Roles done for good: their workers are no part of any later restart."""
+    world_size: int | None = None
+    """`status.worldSize`: the `WORLD_SIZE` of `epoch` (None from a controller that does not
+    write it: the pod's own environment stands)."""
 
     @classmethod
     def from_object(cls, obj: dict[str, Any]) -> JobState:
@@ -57,6 +68,7 @@ class JobState:
             phase=phase if isinstance(phase, str) else None,
             resource_version=rv if isinstance(rv, str) else "",
             complete_roles=complete,
+            world_size=_int(status.get("worldSize")),
         )
 
     @property
@@ -69,6 +81,44 @@ def _int(value: Any) -> int | None:
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
     return None
+
+
+def in_world(rank: int | None, world_size: int | None) -> bool:
+    """Whether the worker of `rank` runs at an epoch of `world_size`: not a surplus worker of an
+    elastic resize (numbered at or above the new size), whose pod is about to be deleted. Ranks
+    stay dense (docs/design.md section 3.12): a resize removes the highest."""
+    return rank is None or world_size is None or rank < world_size
+
+
+def epoch_env(epoch: int, rank: int | None, world_size: int | None) -> dict[str, str]:
+    """What the trainer started at `epoch` is told of its place in that epoch's world: the
+    epoch, and with a known world its `RANK`, `WORLD_SIZE` and torchrun's `PET_NODE_RANK`,
+    `PET_NNODES` (a pod is one torchrun node). The same lines go to `$GANGJOB_DIR/world` for a
+    trainer the kubelet starts."""
+    env = {ENV_EPOCH: str(epoch)}
+    if rank is not None and world_size is not None:
+        env |= {
+            ENV_RANK: str(rank),
+            ENV_WORLD_SIZE: str(world_size),
+            ENV_PET_NODE_RANK: str(rank),
+            ENV_PET_NNODES: str(world_size),
+        }
+    return env
+
+
+def world_file_text(env: dict[str, str]) -> str:
+    """`$GANGJOB_DIR/world`: `NAME=value` lines, for a shell's `.` and for `read_world_file`."""
+    return "".join(f"{name}={value}\n" for name, value in sorted(env.items()))
+
+
+def read_world_file(text: str) -> dict[str, str]:
+    """The variables of a `world` file; lines that are not `NAME=value` are skipped."""
+    env: dict[str, str] = {}
+    for line in text.splitlines():
+        name, sep, value = line.partition("=")
+        if sep and name.strip():
+            env[name.strip()] = value.strip()
+    return env
 
 
 def target_epoch(arrived: int | None, epoch: int) -> int | None:

@@ -31,12 +31,18 @@ def newest(a: JobState, b: JobState) -> JobState:
         phase = a.phase if a.finished else b.phase
     else:
         phase = a.phase if a.epoch > b.epoch else b.phase
+    # The world belongs to its epoch: the view of the later epoch says it.
+    if a.epoch != b.epoch:
+        world = a.world_size if a.epoch > b.epoch else b.world_size
+    else:
+        world = b.world_size if b.world_size is not None else a.world_size
     return JobState(
         epoch=max(a.epoch, b.epoch),
         barrier_epoch=barrier,
         phase=phase,
         resource_version=b.resource_version or a.resource_version,
         complete_roles=a.complete_roles | b.complete_roles,
+        world_size=world,
     )
 
 

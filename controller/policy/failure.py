@@ -57,7 +57,11 @@ def _decisions(p: Pass) -> list[Decision]:
         if pod is None:
             # A role that joined the running gang creates its pods as it goes: one missing is
             # created again, as before the first barrier.
-            failure = None if p.started_late(rank) else classify.missing(ctx, rank)
+            # So is a worker an elastic resize adds (numbered past the epoch's world): it has
+            # never run, and the resize's own bump creates it.
+            world = p.status.world_size
+            joining = p.job.spec.elastic is not None and world is not None and rank >= world
+            failure = None if p.started_late(rank) or joining else classify.missing(ctx, rank)
         elif not at_epoch(pod, p.status.epoch) or p.superseded(rank, pod):
             continue
         else:

@@ -57,6 +57,15 @@ def sort_pods(job: GangJob, pods: Sequence[PodView]) -> Gang:
     return Gang(workers, strays, frozenset(pod.name for pod in pods), live)
 
 
+def surplus(job: GangJob, world_size: int | None, strays: Sequence[PodView]) -> list[PodView]:
+    """The pods of the workers an elastic resize removes (docs/design.md section 3.12): strays
+    numbered at or above the job's new size and below `world_size`, the size of its epoch."""
+    if job.spec.elastic is None or world_size is None:
+        return []
+    new = job.spec.world_size
+    return [pod for pod in strays if pod.rank is not None and new <= pod.rank < world_size]
+
+
 def arrived_by_barrier(pods: Sequence[PodView], status: GangJobStatus) -> list[PodView]:
     """The pods, each known to have arrived at `status.epoch` if its barrier is open.
 

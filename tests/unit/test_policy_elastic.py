@@ -1,0 +1,107 @@
+"""`controller.policy.elastic`: `status.worldSize`, and the in-place resize of an elastic gang
+whose `replicas` changed (docs/design.md section 3.12)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from api.constants import REASON_STRAY_POD, REASON_WORKER_REMOVED
+from api.failures import FailureClass
+from api.v1alpha1 import GangJobStatus
+from controller.policy.plan import plan
+from tests.unit.gangs import crashed, gang, record, replan, running_status, worker
+
+ELASTIC: dict[str, Any] = {"elastic": {"minReplicas": 2, "maxReplicas": 8}}
+
+
+def test_first_pass_sets_the_world_size_without_a_restart() -> None:
+    result = plan(gang(4, GangJobStatus(), pods=[]))
+    assert result.status.world_size == 4
+    assert result.status.epoch == 0
+    assert result.restart_started is None
+
+
+def test_a_running_gang_that_never_had_a_world_size_gets_one_without_a_restart() -> None:
+    result = plan(gang(3, **ELASTIC))
+    assert result.status.world_size == 3
+    assert result.status.epoch == 0
+    assert result.delete_pods == []
+
+
+def test_shrink_bumps_once_deletes_the_highest_and_keeps_the_others() -> None:
+    # Ran at 6; replicas is now 4: workers 4 and 5 go, 0..3 restart in place.
+    pods = [worker(r, 0) for r in range(6)]
+    observed = gang(4, running_status(0, world_size=6), pods=pods, **ELASTIC)
+    result = plan(observed)
+    assert result.status.epoch == 1
+    assert result.status.world_size == 4
+    assert sorted(d.name for d in result.delete_pods) == ["llama-4", "llama-5"]
+    assert {d.reason for d in result.delete_pods} == {REASON_WORKER_REMOVED}
+    assert result.create_pods == []
+    trigger = record(result).trigger
+    assert trigger.failure_class == FailureClass.RESIZED
+    assert trigger.worker is None
+    assert trigger.detail == "resized 6 -> 4 (replicas changed)"
+    assert not record(result).counted
+    assert record(result).recreated == []
+    assert any("resized 6 -> 4" in e.message for e in result.events)
+    replan(observed, result)
+
+
+def test_grow_bumps_once_and_creates_the_next_numbers_at_the_new_epoch() -> None:
+    pods = [worker(r, 0) for r in range(3)]
+    observed = gang(5, running_status(0, world_size=3), pods=pods, **ELASTIC)
+    result = plan(observed)
+    assert result.status.epoch == 1
+    assert result.status.world_size == 5
+    assert result.delete_pods == []
+    created = {p["metadata"]["name"]: p for p in result.create_pods}
+    assert sorted(created) == ["llama-3", "llama-4"]
+    for pod in created.values():
+        assert pod["metadata"]["annotations"]["gangjob.io/created-epoch"] == "1"
+        trainer = pod["spec"]["containers"][0]
+        env = {e["name"]: e.get("value") for e in trainer["env"]}
+        assert env["WORLD_SIZE"] == "5"
+    assert record(result).trigger.detail == "resized 3 -> 5 (replicas changed)"
+
+
+def test_the_barrier_of_the_new_epoch_waits_for_the_new_size_only() -> None:
+    # After a shrink 6 -> 4 every kept worker arrived at 1; the removed ones are gone.
+    status = running_status(0, world_size=4).model_copy(update={"epoch": 1})
+    result = plan(gang(4, status, pods=[worker(r, 1) for r in range(4)], **ELASTIC))
+    assert result.status.barrier_epoch == 1
+
+
+def test_a_failure_of_the_same_pass_takes_the_resize_with_its_bump() -> None:
+    pods = [worker(r, 0) for r in range(6)]
+    crashed(pods[1], code=1)
+    observed = gang(4, running_status(0, world_size=6), pods=pods, **ELASTIC)
+    result = plan(observed)
+    assert result.status.epoch == 1  # one bump, not two
+    assert result.status.world_size == 4
+    trigger = record(result).trigger
+    assert trigger.failure_class == FailureClass.PROCESS_EXIT
+    assert trigger.worker == 1
+    assert trigger.detail is not None
+    assert trigger.detail.endswith("; resized 6 -> 4 (replicas changed)")
+    assert {"llama-4", "llama-5"} <= {d.name for d in result.delete_pods}
+
+
+def test_without_elastic_a_different_world_size_restarts_nothing() -> None:
+    # `replicas` is immutable there; a status from before changes nothing but itself.
+    pods = [worker(r, 0) for r in range(3)]
+    result = plan(gang(3, running_status(0, world_size=3), pods=pods))
+    assert result.status.epoch == 0
+    assert result.restart_started is None
+
+
+@pytest.mark.parametrize("elastic", [True, False])
+def test_strays_above_the_size_go_as_strays_when_no_resize_is_pending(elastic: bool) -> None:
+    # World already 3 (the resize happened): a pod numbered 5 is a stray, of any job.
+    pods = [worker(r, 0) for r in range(3)] + [worker(5, 0)]
+    spec: dict[str, Any] = ELASTIC if elastic else {}
+    result = plan(gang(3, running_status(0, world_size=3), pods=pods, **spec))
+    assert [(d.name, d.reason) for d in result.delete_pods] == [("llama-5", REASON_STRAY_POD)]
+    assert result.status.epoch == 0
