@@ -281,8 +281,9 @@ removes (`minReplicas` >= 1). A trainer that resumes from a checkpoint at anothe
 must re-shard its data by the new `WORLD_SIZE` itself.
 
 Not built yet: `elastic.waitSeconds` (going on without a worker that cannot be placed) and
-`elastic.growAfterSeconds` (growing back) are accepted and do nothing; the PodGroup's
-`minCount` stays `replicas`; resizing a job queued by Kueue is not guarded.
+`elastic.growAfterSeconds` (growing back) are accepted and do nothing; resizing a job
+queued by Kueue is not guarded. With gang scheduling, the PodGroup's `minCount` is
+`minReplicas` (the group `<job>-of-<minReplicas>`), so a resized gang keeps its PodGroup.
 """
 
 
