@@ -28,7 +28,6 @@ from api.constants import (
     ENV_POD_NAMESPACE,
     ENV_POD_UID,
     ENV_PROGRESS_SUMMARY_SECONDS,
-    ENV_RANK,
     ENV_ROLE,
     GROUP,
     PLURAL,
@@ -75,9 +74,9 @@ class Config:
     """The trainer runs through `agent.pyz launch` (`ENV_LAUNCHED`): the sidecar reports the
     launcher's exit file and tells it when the job has finished."""
     rank: int | None = None
-    """The worker's rank (`GANGJOB_RANK` for the sidecar, else the trainer's own `RANK` in
-    `Process` mode): given to the trainer with the epoch's `WORLD_SIZE` (docs/design.md
-    section 3.12). None: the pod's environment stands."""
+    """An elastic gang's worker's rank (`GANGJOB_RANK`, its pod's `gangjob.io/rank`): given to
+    the trainer with the epoch's `WORLD_SIZE` (docs/design.md section 3.12). None (any other
+    gang): the pod's environment stands."""
     direct_fallback_seconds: float = 5.0
     """How long the agent keeps trying the controller's endpoint before it arrives by
     annotation instead (and watches the apiserver)."""
@@ -122,9 +121,9 @@ class Config:
             if not arrival_url.startswith(("http://", "https://")):
                 raise ConfigError(f"{ENV_ARRIVAL_URL}={arrival_url!r}: not an http(s) URL")
             need(ENV_POD_UID)  # the controller is told which pod reports by its UID
-        raw_rank = (env.get(ENV_AGENT_RANK, "") or env.get(ENV_RANK, "")).strip()
+        raw_rank = env.get(ENV_AGENT_RANK, "").strip()
         if raw_rank and not raw_rank.isdigit():
-            raise ConfigError(f"{ENV_AGENT_RANK}/{ENV_RANK}={raw_rank!r}: not a rank")
+            raise ConfigError(f"{ENV_AGENT_RANK}={raw_rank!r}: not a rank")
         return cls(
             job_name=need(ENV_GANGJOB_NAME),
             rank=int(raw_rank) if raw_rank else None,

@@ -81,7 +81,6 @@ from api.constants import (
     ENV_HANG_SECONDS,
     ENV_PROGRESS,
     ENV_PROGRESS_SUMMARY_SECONDS,
-    ENV_RANK,
     LABEL_NAME,
     LABEL_RANK,
     PROGRESS_FILE,
@@ -157,16 +156,15 @@ def agent_env(pod: JsonDict) -> dict[str, str]:
 
 def agent_rank(pod: JsonDict) -> int | None:
     """The rank the kubelet would give the pod's agent: `GANGJOB_RANK` from the pod's
-    `gangjob.io/rank` label (an elastic gang's sidecar, through the downward API), else the
-    wrapped trainer's literal `RANK` (`Process` mode); None without either."""
+    `gangjob.io/rank` label through the downward API (an elastic gang's agent, sidecar or
+    wrapper); None without it."""
     spec = pod.get("spec", {})
     for c in [*spec.get("initContainers", []), *spec.get("containers", [])]:
         for e in c.get("env") or []:
             if e.get("name") == ENV_AGENT_RANK and "valueFrom" in e:
                 label = pod["metadata"].get("labels", {}).get(LABEL_RANK, "")
                 return int(label) if label.isdigit() else None
-    raw = agent_env(pod).get(ENV_RANK, "")
-    return int(raw) if raw.isdigit() else None
+    return None
 
 
 def _seconds(env: Mapping[str, str], name: str) -> float | None:

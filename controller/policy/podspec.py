@@ -466,8 +466,6 @@ def _add_sidecar(w: _Shaping) -> None:
     # The launcher's sidecar ends a held worker once its role is Complete: it reads the role.
     launched_env = [{"name": ENV_LAUNCHED, "value": "1"}, {"name": ENV_ROLE, "value": w.role.name}]
     agent["env"] = [*w.agent_env, *launched_env] if launched else w.agent_env
-    if w.job.spec.elastic is not None:
-        agent["env"] = [*agent["env"], _agent_rank_env()]
     agent["ports"] = [{"name": AGENT_PORT_NAME, "containerPort": DEFAULT_AGENT_PORT}]
     agent["startupProbe"] = {
         "httpGet": {"path": BARRIER_PATH, "port": DEFAULT_AGENT_PORT},
@@ -584,8 +582,9 @@ def _guaranteed(spec: Mapping[str, Any]) -> bool:
 
 
 def _agent_rank_env() -> dict[str, Any]:
-    """The sidecar's worker number, which an elastic gang's agent gives its trainer as the
-    epoch's `RANK` (docs/design.md section 3.12)."""
+    """The agent's worker number (sidecar or wrapper), which an elastic gang's agent gives its
+    trainer as the epoch's `RANK` (docs/design.md section 3.12). Only an elastic gang's: the
+    agent of another keeps the pod's environment as it is."""
     return {
         "name": ENV_AGENT_RANK,
         "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{LABEL_RANK}']"}},
@@ -652,6 +651,7 @@ def _agent_env(job: GangJob) -> list[dict[str, Any]]:
         {"name": ENV_AGENT_PORT, "value": str(DEFAULT_AGENT_PORT)},
         {"name": ENV_DIR, "value": DEFAULT_DIR},
         *progress,
+        *([_agent_rank_env()] if job.spec.elastic is not None else []),
     ]
 
 

@@ -65,6 +65,16 @@ def test_resized_is_an_uncounted_gang_restart() -> None:
     assert not meaning.infrastructure
 
 
+def test_a_process_mode_elastic_pod_tells_the_wrapping_agent_its_rank() -> None:
+    body = elastic_job(4)
+    body["spec"]["restart"] = {"mode": "Process"}
+    pod = build_pod(parse_gangjob(body), 1, AGENT)
+    trainer = pod["spec"]["containers"][0]
+    assert trainer["command"][2] == "wrap"
+    rank = next(e for e in trainer["env"] if e["name"] == "GANGJOB_RANK")
+    assert rank["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.labels['gangjob.io/rank']"}}
+
+
 def test_elastic_pod_launches_its_trainer_and_tells_the_sidecar_its_rank() -> None:
     pod = build_pod(parse_gangjob(elastic_job(4)), 2, AGENT)
     trainer = pod["spec"]["containers"][0]
@@ -125,11 +135,11 @@ def test_the_world_file_round_trips() -> None:
     assert read_world_file(text + "garbage\n") == env
 
 
-def test_the_agent_takes_its_rank_from_the_sidecar_variable_or_the_trainers() -> None:
+def test_the_agent_takes_its_rank_from_gangjob_rank_only() -> None:
     base = {"GANGJOB_NAME": "llama", "POD_NAME": "llama-2", "POD_NAMESPACE": "ml"}
     assert Config.from_env({**base, "GANGJOB_RANK": "2"}).rank == 2
-    assert Config.from_env({**base, "RANK": "3"}).rank == 3
-    assert Config.from_env(base).rank is None
+    # A gang that is not elastic: the trainer's own RANK (the user's, maybe) is left alone.
+    assert Config.from_env({**base, "RANK": "99"}).rank is None
 
 
 def test_launch_env_takes_the_world_of_its_epoch(tmp_path: pathlib.Path) -> None:
