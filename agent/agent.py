@@ -34,6 +34,7 @@ from agent.protocol import (
     JobState,
     arrived_epoch,
     barrier,
+    dense_rank,
     epoch_env,
     in_world,
     rendezvous_id,
@@ -365,7 +366,7 @@ class Agent:
                     return 0
                 target = state.epoch
                 continue
-            moved, code = await self._run_trainer(target, state.world_size)
+            moved, code = await self._run_trainer(target, state)
             if moved is not None:
                 target = moved.epoch
                 continue
@@ -404,7 +405,7 @@ class Agent:
         return Trainer(argv, env, adopts=self.adopts_orphans)
 
     def _in_world(self, state: JobState) -> bool:
-        return in_world(self.config.rank, state.world_size)
+        return in_world(self.config.rank, state)
 
     async def _outside_world(self, target: int) -> JobState:
         """A surplus worker of an elastic resize at the barrier of `target`: its pod is being
@@ -419,15 +420,19 @@ class Agent:
         return await self._wait_job(lambda s: s.epoch > target or s.finished)
 
     async def _run_trainer(
-        self, target: int, world_size: int | None = None
+        self, target: int, state: JobState | None = None
     ) -> tuple[JobState | None, int]:
         """Runs the trainer at `target` until it exits (None, code), or the gang moves on and it
-        is stopped (the new job state, its code). With the epoch's `world_size` it runs with the
-        epoch's `RANK` and `WORLD_SIZE` (`epoch_env`)."""
+        is stopped (the new job state, its code). With the epoch's world (`state`, an elastic
+        gang's) it runs with the epoch's `RANK` and `WORLD_SIZE` (`epoch_env`)."""
         env = dict(self._env)
         if self.progress is not None:
             env = trainer_env(self.config.dir, env)
-        env |= epoch_env(target, self.config.rank, world_size)
+        if state is None:
+            env |= epoch_env(target, None, None)
+        else:
+            rank = dense_rank(self.config.rank, state.dropped)
+            env |= epoch_env(target, rank, state.world_size)
         env[ENV_DIR] = str(self.config.dir)
         env[ENV_PET_RDZV_ID] = rendezvous_id(self.config.job_name, target)
         trainer = self._new_trainer(self.command, env)
@@ -553,7 +558,7 @@ class Agent:
         if barrier(state, target) is Barrier.OPEN:
             if not self._in_world(state):
                 return state  # a surplus worker: the probe stays shut (`_outside_world`)
-            self._write_world_file(target, state.world_size)
+            self._write_world_file(target, state)
             self._write_epoch_file(target)
             # Process mode is RUNNING once its trainer is.
             step = Step.RUNNING if self.mode is AgentPlacement.SIDECAR else Step.AT_BARRIER
@@ -561,11 +566,12 @@ class Agent:
             self.log.info("barrier open at %d after %.2fs", target, time.monotonic() - started)
         return state
 
-    def _write_world_file(self, epoch: int, world_size: int | None) -> None:
-        if world_size is None or self.config.rank is None:
+    def _write_world_file(self, epoch: int, state: JobState) -> None:
+        rank = dense_rank(self.config.rank, state.dropped)
+        if state.world_size is None or rank is None:
             return
         try:
-            text = world_file_text(epoch_env(epoch, self.config.rank, world_size))
+            text = world_file_text(epoch_env(epoch, rank, state.world_size))
             self._replace_file(WORLD_FILE, text)
         except OSError as e:
             self.log.error("cannot write %s: %s", self.config.dir / WORLD_FILE, e)

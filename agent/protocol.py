@@ -43,6 +43,8 @@ class JobState:
     world_size: int | None = None
     """`status.worldSize`: the `WORLD_SIZE` of `epoch` (None from a controller that does not
     write it: the pod's own environment stands)."""
+    dropped: frozenset[int] = frozenset()
+    """`status.dropped`: the workers an elastic gang goes on without at `epoch`."""
 
     @classmethod
     def from_object(cls, obj: dict[str, Any]) -> JobState:
@@ -55,6 +57,7 @@ class JobState:
         rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
         phase = status.get("phase")
         roles = status.get("roles")
+        dropped = status.get("dropped")
         complete = frozenset(
             r["name"]
             for r in (roles if isinstance(roles, list) else [])
@@ -69,6 +72,9 @@ class JobState:
             resource_version=rv if isinstance(rv, str) else "",
             complete_roles=complete,
             world_size=_int(status.get("worldSize")),
+            dropped=frozenset(
+                d for d in (dropped if isinstance(dropped, list) else []) if _int(d) is not None
+            ),
         )
 
     @property
@@ -83,11 +89,23 @@ def _int(value: Any) -> int | None:
     return None
 
 
-def in_world(rank: int | None, world_size: int | None) -> bool:
-    """Whether the worker of `rank` runs at an epoch of `world_size`: not a surplus worker of an
-    elastic resize (numbered at or above the new size), whose pod is about to be deleted. Ranks
-    stay dense (docs/design.md section 3.12): a resize removes the highest."""
-    return rank is None or world_size is None or rank < world_size
+def dense_rank(worker: int | None, dropped: frozenset[int]) -> int | None:
+    """The `RANK` of worker number `worker` at an epoch that goes on without `dropped`: its
+    number less the dropped workers below it, so that ranks stay dense (docs/design.md section
+    3.12). None for a dropped worker, or without a number."""
+    if worker is None or worker in dropped:
+        return None
+    return worker - sum(1 for d in dropped if d < worker)
+
+
+def in_world(worker: int | None, state: JobState) -> bool:
+    """Whether worker number `worker` runs at `state`'s epoch: not one the gang goes on
+    without, nor a surplus worker of a shrink (its rank at or above the new size), whose pod is
+    about to be deleted. Without a number or a world (a gang that is not elastic): yes."""
+    if worker is None or state.world_size is None:
+        return True
+    rank = dense_rank(worker, state.dropped)
+    return rank is not None and rank < state.world_size
 
 
 def epoch_env(epoch: int, rank: int | None, world_size: int | None) -> dict[str, str]:

@@ -33,9 +33,12 @@ def newest(a: JobState, b: JobState) -> JobState:
         phase = a.phase if a.epoch > b.epoch else b.phase
     # The world belongs to its epoch: the view of the later epoch says it.
     if a.epoch != b.epoch:
-        world = a.world_size if a.epoch > b.epoch else b.world_size
+        later = a if a.epoch > b.epoch else b
+        world, dropped = later.world_size, later.dropped
+    elif b.world_size is not None:
+        world, dropped = b.world_size, b.dropped
     else:
-        world = b.world_size if b.world_size is not None else a.world_size
+        world, dropped = a.world_size, a.dropped
     return JobState(
         epoch=max(a.epoch, b.epoch),
         barrier_epoch=barrier,
@@ -43,6 +46,7 @@ def newest(a: JobState, b: JobState) -> JobState:
         resource_version=b.resource_version or a.resource_version,
         complete_roles=a.complete_roles | b.complete_roles,
         world_size=world,
+        dropped=dropped,
     )
 
 

@@ -260,10 +260,10 @@ class `Resized` (not counted against `maxRestarts`), its detail `resized 8 -> 6 
 changed)`, in `status.lastRestart`, `status.history` and the `GangRestarting` Event.
 `status.worldSize` (column `World`) is the size of the current epoch.
 
-**Ranks are given per epoch.** Ranks stay dense, `0..worldSize-1`, and a worker's rank is its
-number in the gang (its pod `<job>-<rank>`). A pod's environment is fixed when the pod is
-created, so after a resize a kept pod's own `WORLD_SIZE` is stale; the agent gives the trainer
-the epoch's values when it starts it:
+**Ranks are given per epoch.** Ranks stay dense, `0..worldSize-1`: a worker's rank is its
+number in the gang (its pod `<job>-<number>`) less the dropped workers below it (below). A
+pod's environment is fixed when the pod is created, so after a resize a kept pod's own
+`WORLD_SIZE` is stale; the agent gives the trainer the epoch's values when it starts it:
 
 | trainer | where it finds the epoch's values |
 | --- | --- |
@@ -280,10 +280,18 @@ So an elastic job needs its trainer's `command` (refused at admission without it
 removes (`minReplicas` >= 1). A trainer that resumes from a checkpoint at another world size
 must re-shard its data by the new `WORLD_SIZE` itself.
 
-Not built yet: `elastic.waitSeconds` (going on without a worker that cannot be placed) and
-`elastic.growAfterSeconds` (growing back) are accepted and do nothing; resizing a job
-queued by Kueue is not guarded. With gang scheduling, the PodGroup's `minCount` is
-`minReplicas` (the group `<job>-of-<minReplicas>`), so a resized gang keeps its PodGroup.
+**Shrink instead of waiting, grow back.** A worker being recreated (its node lost, its device
+gone) whose pod stays `Unschedulable` for `elastic.waitSeconds` is dropped at the next epoch,
+`resized 8 -> 7 (node lost, no capacity)`, while the gang stays at or above `minReplicas`
+(never worker 0, the `MASTER_ADDR`; below `minReplicas` the gang waits, and `Stuck` says which
+workers it waits for). `status.dropped` lists such workers; their pods stay, pending, and a
+worker's `RANK` is its number less the dropped workers below it. Once a dropped worker's pod is
+placed, it rejoins at a new epoch, `resized 7 -> 8 (capacity returned)`, at most once per
+`elastic.growAfterSeconds`. Keep `waitSeconds` below `restart.barrierTimeoutSeconds`.
+
+Not built yet: spares; resizing a job queued by Kueue is not guarded. With gang scheduling, the
+PodGroup's `minCount` is `minReplicas` (the group `<job>-of-<minReplicas>`), so a resized gang
+keeps its PodGroup.
 """
 
 

@@ -183,6 +183,7 @@ _RULES_MAX: Final = 20
 _MATCHERS_MAX: Final = 20
 _MESSAGE_PATTERNS_MAX: Final = 8
 _ROLES_MAX: Final = 8
+_ELASTIC_DROPPED_MAX: Final = 10000
 _DEPENDENCIES_MAX: Final = 8
 # A role's name is part of its pods' names, `<job>-<role>-<index>`, which are DNS labels.
 _ROLE_NAME_MAX: Final = 20
@@ -781,14 +782,18 @@ class ElasticSpec(_Model):
     wait_seconds: int = Field(
         default=300,
         ge=0,
-        description="How long a worker to be recreated may wait unschedulable before the gang "
-        "goes on without it (reserved: shrinking on node loss is not built yet).",
+        description="How long a worker being recreated (its node lost, its device gone) may "
+        "wait with its pod Unschedulable before the gang goes on without it, at the next "
+        "epoch, while the gang stays at or above `minReplicas`; worker 0 (`MASTER_ADDR`) is "
+        "always waited for.",
     )
     grow_after_seconds: int = Field(
         default=600,
         ge=0,
-        description="The least time between two growths of the gang when capacity returns "
-        "(reserved: growing back is not built yet).",
+        description="A worker the gang went on without rejoins it, at a new epoch, once its "
+        "pending pod is scheduled (capacity returned); at most once per this many seconds "
+        "since the gang last shrank or grew so, so that a flapping node does not restart the "
+        "gang every minute.",
     )
 
     @model_validator(mode="after")
@@ -1755,6 +1760,13 @@ class GangJobStatus(_Model):
         ge=0,
         description="`WORLD_SIZE` of `status.epoch`: the ranked workers the gang runs with at "
         "this epoch. Differs from the spec's only while an elastic resize is pending.",
+    )
+    dropped: list[int] = Field(
+        default_factory=list,
+        max_length=_ELASTIC_DROPPED_MAX,
+        description="Workers (`gangjob.io/rank`) an elastic gang goes on without at this epoch: "
+        "their pods could not be placed for `elastic.waitSeconds`. Each worker's `RANK` is "
+        "its number less the dropped workers below it, so ranks stay dense.",
     )
     workers: WorkersStatus = Field(
         default_factory=WorkersStatus, description="Counts of the gang's workers."

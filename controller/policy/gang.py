@@ -57,13 +57,22 @@ def sort_pods(job: GangJob, pods: Sequence[PodView]) -> Gang:
     return Gang(workers, strays, frozenset(pod.name for pod in pods), live)
 
 
-def surplus(job: GangJob, world_size: int | None, strays: Sequence[PodView]) -> list[PodView]:
+def epoch_workers(status: GangJobStatus) -> int | None:
+    """How many worker numbers an elastic gang's epoch spans: its world and the workers it
+    goes on without (docs/design.md section 3.12); None before the first pass."""
+    if status.world_size is None:
+        return None
+    return status.world_size + len(status.dropped)
+
+
+def surplus(job: GangJob, status: GangJobStatus, strays: Sequence[PodView]) -> list[PodView]:
     """The pods of the workers an elastic resize removes (docs/design.md section 3.12): strays
-    numbered at or above the job's new size and below `world_size`, the size of its epoch."""
-    if job.spec.elastic is None or world_size is None:
+    numbered at or above the job's new size and below the numbers the epoch spans."""
+    spanned = epoch_workers(status)
+    if job.spec.elastic is None or spanned is None:
         return []
-    new = job.spec.world_size
-    return [pod for pod in strays if pod.rank is not None and new <= pod.rank < world_size]
+    new = len(job.spec.workers)
+    return [pod for pod in strays if pod.rank is not None and new <= pod.rank < spanned]
 
 
 def arrived_by_barrier(pods: Sequence[PodView], status: GangJobStatus) -> list[PodView]:
@@ -80,11 +89,15 @@ def arrived_by_barrier(pods: Sequence[PodView], status: GangJobStatus) -> list[P
     # restart waits out the backoff) has yet to arrive. Whole seconds on both sides, and a pod
     # of the barrier's own second is left to its own report.
     cutoff = opened.replace(microsecond=0)
+    # Nor the pods of the workers an elastic gang goes on without: the barrier did not wait
+    # for them (docs/design.md section 3.12).
+    dropped = frozenset(status.dropped)
     return [
         dataclasses.replace(pod, arrived_epoch=epoch)
         if (pod.arrived_epoch is None or pod.arrived_epoch < epoch)
         and pod.creation_timestamp is not None
         and pod.creation_timestamp < cutoff
+        and pod.rank not in dropped
         else pod
         for pod in pods
     ]

@@ -12,7 +12,14 @@ from pydantic import ValidationError
 
 from agent.cli import launch_env
 from agent.config import Config
-from agent.protocol import JobState, epoch_env, in_world, read_world_file, world_file_text
+from agent.protocol import (
+    JobState,
+    dense_rank,
+    epoch_env,
+    in_world,
+    read_world_file,
+    world_file_text,
+)
 from agent.watch import newest
 from api.failures import FAILURE_CLASSES, FailureClass
 from api.v1alpha1 import parse_gangjob
@@ -95,10 +102,12 @@ def test_a_job_without_elastic_keeps_its_pod() -> None:
 
 
 def test_the_state_line_carries_the_world_and_the_agent_reads_it() -> None:
-    job = {"metadata": {"name": "llama"}, "status": {"epoch": 3, "worldSize": 6}}
+    job = {"metadata": {"name": "llama"}, "status": {"epoch": 3, "worldSize": 6, "dropped": [2]}}
     line = state_line(job)
     assert b'"worldSize": 6' in line
+    assert b'"dropped": [2]' in line
     assert JobState.from_object(job).world_size == 6
+    assert JobState.from_object(job).dropped == {2}
     assert JobState.from_object({"status": {"epoch": 3}}).world_size is None
 
 
@@ -108,6 +117,9 @@ def test_the_world_follows_the_later_epoch() -> None:
     assert newest(old, new).world_size == 6
     assert newest(new, old).world_size == 6  # a stale view never brings back the old world
     assert newest(new, JobState(epoch=4)).world_size == 6
+    shrunk = JobState(epoch=5, world_size=5, dropped=frozenset({3}))
+    assert newest(new, shrunk).dropped == {3}
+    assert newest(shrunk, new).dropped == {3}
 
 
 def test_epoch_env_gives_rank_and_world_for_torchrun_too() -> None:
@@ -121,11 +133,21 @@ def test_epoch_env_gives_rank_and_world_for_torchrun_too() -> None:
     assert epoch_env(5, 2, None) == {"GANGJOB_EPOCH": "5"}  # the pod's environment stands
 
 
-def test_a_surplus_rank_is_outside_the_world() -> None:
-    assert in_world(3, 4)
-    assert not in_world(4, 4)
-    assert in_world(None, 4)
-    assert in_world(7, None)
+def test_a_surplus_or_dropped_worker_is_outside_the_world() -> None:
+    assert in_world(3, JobState(world_size=4))
+    assert not in_world(4, JobState(world_size=4))  # surplus of a shrink to 4
+    assert in_world(None, JobState(world_size=4))
+    assert in_world(7, JobState())  # not elastic: the pod's environment stands
+    dropped = JobState(world_size=4, dropped=frozenset({1}))  # workers 0, 2, 3, 4
+    assert not in_world(1, dropped)
+    assert in_world(4, dropped)
+    assert not in_world(5, dropped)
+
+
+def test_ranks_stay_dense_around_dropped_workers() -> None:
+    dropped = frozenset({1, 3})
+    assert [dense_rank(w, dropped) for w in range(6)] == [0, None, 1, None, 2, 3]
+    assert dense_rank(None, dropped) is None
 
 
 def test_the_world_file_round_trips() -> None:

@@ -1,11 +1,13 @@
 """A hypothesis state machine over an elastic gang (docs/design.md section 3.12): `plan`'s passes
-interleaved arbitrarily with resizes of `spec.replicas` within the bounds, nodes lost, trainers
+interleaved arbitrarily with resizes of `spec.replicas` within the bounds, nodes lost (and
+workers that then find no room, so that the gang shrinks, and grows back on a new node), trainers
 crashing, pods deleted by others, deletions that reach a pod's agent late, and the agents'
 own decisions (`agent.protocol`: `target_epoch`, `barrier`, `in_world`, `epoch_env`) starting
 trainers. Checked throughout:
 
-- a rank is never given to two workers (pod UIDs) in one epoch, and every rank given is below
-  the epoch's `WORLD_SIZE`;
+- a rank is never given to two workers (pod UIDs) in one epoch, every rank given is below the
+  epoch's `WORLD_SIZE`, and ranks are dense: the epoch's workers, in order, hold
+  `0..WORLD_SIZE-1` (workers lost without capacity dropped, `status.dropped`);
 - one bump per pass at most, and the world size changes only with a bump;
 - the barrier opens only with exactly the epoch's world arrived;
 - planning is repeatable, and a pass over the outcome of a pass repeats nothing.
@@ -22,7 +24,15 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from agent.protocol import Barrier, JobState, barrier, epoch_env, in_world, target_epoch
+from agent.protocol import (
+    Barrier,
+    JobState,
+    barrier,
+    dense_rank,
+    epoch_env,
+    in_world,
+    target_epoch,
+)
 from api.constants import ENV_RANK, ENV_WORLD_SIZE
 from api.v1alpha1 import GangJob, Phase, dump_gangjob, parse_gangjob
 from controller.policy import classify
@@ -33,6 +43,8 @@ from tests.unit.test_protocol_machine import SimPod, _stamp
 
 MAX = 6
 NODES = ("node-0", "node-1", "node-2")
+CAPACITY = 2
+"""Pods a node holds: a lost node's workers may find no room, and the gang shrinks."""
 
 
 class ElasticMachine(RuleBasedStateMachine):
@@ -52,6 +64,8 @@ class ElasticMachine(RuleBasedStateMachine):
         self.worlds: dict[int, int] = {}
         """Epoch -> its world size, as the status said it when first seen."""
         self.resizes = 0
+        self.unschedulable: dict[str, str] = {}
+        """Pod UID -> when the scheduler found no node for it."""
 
     @initialize(replicas=st.integers(1, MAX), barrier_timeout=st.sampled_from([60, 100000]))
     def start(self, replicas: int, barrier_timeout: int) -> None:
@@ -62,7 +76,12 @@ class ElasticMachine(RuleBasedStateMachine):
                 "maxRestarts": 1000,
                 "barrierTimeoutSeconds": barrier_timeout,
             },
-            elastic={"minReplicas": 1, "maxReplicas": MAX},
+            elastic={
+                "minReplicas": 1,
+                "maxReplicas": MAX,
+                "waitSeconds": 60,
+                "growAfterSeconds": 100,
+            },
         )
         self.nodes = {name: make_node(name) for name in NODES}
 
@@ -74,10 +93,24 @@ class ElasticMachine(RuleBasedStateMachine):
     def finished(self) -> bool:
         return self.job.status.phase in (Phase.SUCCEEDED, Phase.FAILED)
 
+    def render(self, pod: SimPod) -> dict[str, Any]:
+        out = pod.render()
+        since = self.unschedulable.get(pod.uid)
+        if pod.node is None and since is not None:
+            out["status"]["conditions"].append(
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "lastTransitionTime": since,
+                }
+            )
+        return out
+
     def observe(self) -> Observed:
         return Observed(
             job=self.job,
-            pods=[PodView.from_pod(p.render()) for p in self.pods.values()],
+            pods=[PodView.from_pod(self.render(p)) for p in self.pods.values()],
             nodes={name: NodeView.from_node(n) for name, n in self.nodes.items()},
             service_exists=True,
             now=self.now,
@@ -120,7 +153,8 @@ class ElasticMachine(RuleBasedStateMachine):
             assert new.epoch == old.epoch + 1, "the world changed without a bump"
         if new.barrier_epoch != old.barrier_epoch:
             assert new.barrier_epoch == new.epoch
-            assert new.world_size == before.job.spec.world_size
+            size = before.job.spec.world_size
+            assert new.world_size == size - len(new.dropped)
             deleted = {d.name for d in result.delete_pods}
             members = sorted(
                 p.rank
@@ -129,9 +163,10 @@ class ElasticMachine(RuleBasedStateMachine):
                 and not p.terminating
                 and p.name not in deleted
                 and p.arrived_epoch == new.epoch
-                and p.rank < new.world_size
+                and p.rank < size
+                and p.rank not in new.dropped
             )
-            assert members == list(range(new.world_size)), members
+            assert members == sorted(set(range(size)) - set(new.dropped)), members
         self.carry_out(result)
         again = plan(self.observe())
         assert again.create_pods == []
@@ -151,12 +186,19 @@ class ElasticMachine(RuleBasedStateMachine):
     def tick(self, seconds: float) -> None:
         self.now += timedelta(seconds=seconds)
 
+    def room(self, node: str) -> bool:
+        held = sum(1 for p in self.pods.values() if p.node == node)
+        return self.healthy(node) and held < CAPACITY
+
     @rule()
     def kubelet(self) -> None:
-        """Deletions on healthy nodes end (the agent with them); pods are placed and run."""
+        """Deletions on healthy nodes end (the agent with them); pods are placed on a healthy
+        node with room, else found unschedulable, and run."""
         for name, pod in list(self.pods.items()):
             if pod.node is None and pod.deleted_at is None:
-                pod.node = next((n for n in sorted(self.nodes) if self.healthy(n)), None)
+                pod.node = next((n for n in sorted(self.nodes) if self.room(n)), None)
+                if pod.node is None:
+                    self.unschedulable.setdefault(pod.uid, _stamp(self.now))
             if not self.healthy(pod.node):
                 continue
             if pod.deleted_at is not None:
@@ -195,13 +237,18 @@ class ElasticMachine(RuleBasedStateMachine):
                 continue
             if self.running.get(pod.uid) == pod.arrived or pod.failed_at(pod.arrived):
                 continue
-            if not in_world(pod.rank, state.world_size):
+            if not in_world(pod.rank, state):
                 continue
-            env = epoch_env(pod.arrived, pod.rank, state.world_size)
+            env = epoch_env(pod.arrived, dense_rank(pod.rank, state.dropped), state.world_size)
             rank, world = int(env[ENV_RANK]), int(env[ENV_WORLD_SIZE])
             self.worlds.setdefault(pod.arrived, world)
             assert self.worlds[pod.arrived] == world, "two worlds in one epoch"
             assert 0 <= rank < world
+            # Dense: the workers of the epoch, in order, hold ranks 0..world-1.
+            dropped = self.job.status.dropped
+            members = sorted(set(range(world + len(dropped))) - set(dropped))
+            assert len(members) == world
+            assert rank == members.index(pod.rank), (rank, pod.rank, dropped)
             holder = self.given.setdefault(pod.arrived, {}).setdefault(rank, pod.uid)
             assert holder == pod.uid, f"rank {rank} given twice at epoch {pod.arrived}"
             self.running[pod.uid] = pod.arrived
@@ -240,7 +287,7 @@ class ElasticMachine(RuleBasedStateMachine):
         ]
         self.nodes[node]["status"]["conditions"] = [{"type": "Ready", "status": "Unknown"}]
 
-    @precondition(lambda self: len(self.nodes) < 6)
+    @precondition(lambda self: len(self.nodes) < 5)
     @rule()
     def node_added(self) -> None:
         name = f"node-{next(self.node_names)}"
@@ -269,3 +316,55 @@ ElasticMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestElasticMachine = ElasticMachine.TestCase
+
+
+class _Draw:
+    """`data.draw` answering one value, for a scripted run of the machine."""
+
+    def __init__(self, value: str) -> None:
+        self.value = value
+
+    def draw(self, _strategy: object) -> str:
+        return self.value
+
+
+def test_a_node_lost_without_capacity_shrinks_with_dense_ranks_and_grows_back() -> None:
+    """The machine's rarest path, scripted: 6 workers two a node; node-1 (workers 2, 3) is
+    lost and nothing has room for them; the gang goes on as 4, ranks dense; a node comes back
+    and, `growAfterSeconds` later, the gang is 6 again."""
+    m = ElasticMachine()
+    m.start(6, 100000)
+    for _ in range(3):
+        m.kubelet()
+        m.gang_settles()
+    m.node_lost(_Draw("node-1"))
+    m.gang_settles()
+    m.tick(70)  # its pods are force-deleted; the new ones find no room
+    for _ in range(2):
+        m.kubelet()
+        m.gang_settles()
+    m.tick(70)  # past waitSeconds
+    m.kubelet()
+    m.gang_settles()
+    status = m.job.status
+    assert (status.epoch, status.barrier_epoch, status.world_size) == (2, 2, 4)
+    assert status.dropped == [2, 3]
+    assert status.last_restart is not None
+    assert status.last_restart.trigger.detail == "resized 6 -> 4 (node lost, no capacity)"
+    first = m.given[0]
+    assert m.given[2] == {0: first[0], 1: first[1], 2: first[4], 3: first[5]}
+    m.node_added()
+    m.kubelet()
+    m.gang_settles()
+    assert m.job.status.epoch == 2  # placed, but growAfterSeconds have not passed
+    m.tick(130)
+    m.kubelet()
+    m.gang_settles()
+    m.gang_settles()
+    status = m.job.status
+    assert (status.epoch, status.barrier_epoch, status.world_size) == (3, 3, 6)
+    assert status.dropped == []
+    assert status.last_restart is not None
+    assert status.last_restart.trigger.detail == "resized 4 -> 6 (capacity returned)"
+    assert sorted(m.given[3]) == list(range(6))
+    assert {m.given[3][r] for r in (0, 1, 4, 5)} == {first[0], first[1], first[4], first[5]}

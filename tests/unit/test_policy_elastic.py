@@ -3,15 +3,25 @@ whose `replicas` changed (docs/design.md section 3.12)."""
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 
 from api.constants import REASON_STRAY_POD, REASON_WORKER_REMOVED
 from api.failures import FailureClass
-from api.v1alpha1 import GangJobStatus
+from api.v1alpha1 import FailureAction, GangJobStatus, RestartRecord, RestartTrigger
 from controller.policy.plan import plan
-from tests.unit.gangs import crashed, gang, record, replan, running_status, worker
+from tests.unit.gangs import (
+    GANG_NOW,
+    crashed,
+    gang,
+    record,
+    replan,
+    restarting_status,
+    running_status,
+    worker,
+)
 
 ELASTIC: dict[str, Any] = {"elastic": {"minReplicas": 2, "maxReplicas": 8}}
 
@@ -105,3 +115,105 @@ def test_strays_above_the_size_go_as_strays_when_no_resize_is_pending(elastic: b
     result = plan(gang(3, running_status(0, world_size=3), pods=pods, **spec))
     assert [(d.name, d.reason) for d in result.delete_pods] == [("llama-5", REASON_STRAY_POD)]
     assert result.status.epoch == 0
+
+
+# --- shrink for want of capacity, and grow back -------------------------------------------
+
+WAITING: dict[str, Any] = {
+    "elastic": {"minReplicas": 2, "maxReplicas": 8, "waitSeconds": 60, "growAfterSeconds": 300}
+}
+
+
+def unschedulable(rank: int, created: int, since: datetime) -> dict[str, Any]:
+    """Worker `rank`'s pod, recreated at epoch `created`, that no node can take since `since`."""
+    pod = worker(rank, None, created=created)
+    pod["spec"].pop("nodeName", None)
+    pod["status"] = {
+        "phase": "Pending",
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "lastTransitionTime": since.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            }
+        ],
+    }
+    return pod
+
+
+def waiting_for(rank: int, since: datetime, replicas: int = 4) -> list[dict[str, Any]]:
+    """A gang restarting at epoch 1 after worker `rank`'s node was lost: the others arrived."""
+    return [unschedulable(r, 1, since) if r == rank else worker(r, 1) for r in range(replicas)]
+
+
+def lost_status(world: int = 4, **update: Any) -> GangJobStatus:
+    return restarting_status(1).model_copy(update={"world_size": world, **update})
+
+
+def test_a_worker_that_cannot_be_placed_for_wait_seconds_is_dropped() -> None:
+    pods = waiting_for(2, GANG_NOW - timedelta(seconds=61))
+    observed = gang(4, lost_status(), pods=pods, **WAITING)
+    result = plan(observed)
+    assert result.status.epoch == 2
+    assert result.status.world_size == 3
+    assert result.status.dropped == [2]
+    assert record(result).trigger.detail == "resized 4 -> 3 (node lost, no capacity)"
+    assert result.delete_pods == []  # its pod stays, pending, to grow back with
+    assert result.create_pods == []
+    # The others arrive at 2: the barrier opens without worker 2.
+    after = gang(4, result.status, pods=[*(worker(r, 2) for r in (0, 1, 3)), pods[2]], **WAITING)
+    assert plan(after).status.barrier_epoch == 2
+
+
+def test_before_wait_seconds_the_gang_waits_and_looks_again_then() -> None:
+    pods = waiting_for(2, GANG_NOW - timedelta(seconds=20))
+    result = plan(gang(4, lost_status(), pods=pods, **WAITING))
+    assert result.status.epoch == 1
+    assert result.status.dropped == []
+    assert result.requeue_after is not None
+    assert result.requeue_after <= 40.0
+
+
+def test_never_below_min_replicas_nor_without_worker_0() -> None:
+    since = GANG_NOW - timedelta(seconds=61)
+    pods = [unschedulable(r, 1, since) if r in (1, 2, 3) else worker(r, 1) for r in range(4)]
+    result = plan(gang(4, lost_status(), pods=pods, **WAITING))
+    assert result.status.world_size == 2  # minReplicas: only two of the three go
+    assert result.status.dropped == [1, 2]
+    pods = waiting_for(0, since)
+    assert plan(gang(4, lost_status(), pods=pods, **WAITING)).status.dropped == []
+
+
+def test_a_dropped_worker_placed_again_rejoins_after_grow_after_seconds() -> None:
+    shrunk_at = GANG_NOW - timedelta(seconds=301)
+    trigger = RestartTrigger(
+        worker=None,
+        failure_class="Resized",
+        detail="resized 4 -> 3 (node lost, no capacity)",
+        action=FailureAction.RESTART_GANG,
+    )
+    last = RestartRecord(epoch=2, trigger=trigger, detected_at=shrunk_at, barrier_open_at=shrunk_at)
+    status = running_status(2, world_size=3, dropped=[2], last_restart=last, history=[last])
+    pods = [worker(r, 2) for r in (0, 1, 3)] + [worker(2, None, created=1)]  # placed, running
+    result = plan(gang(4, status, pods=pods, **WAITING))
+    assert result.status.epoch == 3
+    assert (result.status.world_size, result.status.dropped) == (4, [])
+    assert record(result).trigger.detail == "resized 3 -> 4 (capacity returned)"
+    # Sooner than growAfterSeconds after the shrink: not yet, and the pass looks again then.
+    early = [last.model_copy(update={"detected_at": GANG_NOW - timedelta(seconds=100)})]
+    status = status.model_copy(update={"last_restart": early[0], "history": early})
+    result = plan(gang(4, status, pods=pods, **WAITING))
+    assert result.status.epoch == 2
+    assert result.requeue_after is not None
+    assert 190 <= result.requeue_after <= 200
+
+
+def test_a_dropped_worker_is_no_failure_and_not_waited_for() -> None:
+    since = GANG_NOW - timedelta(seconds=600)
+    pods = [worker(r, 2) for r in (0, 1, 3)] + [unschedulable(2, 1, since)]
+    status = running_status(2, world_size=3, dropped=[2])
+    result = plan(gang(4, status, pods=pods, **WAITING))
+    assert result.status.epoch == 2
+    assert result.restart_started is None
+    assert result.delete_pods == []
