@@ -2,17 +2,23 @@
 gang in place when its `replicas` changes, shrinking and growing, with the kept pods' UIDs
 unchanged and the new world seen by every agent's trainer (`Process` mode: the trainer run's
 environment; `Pod` mode: the `world` file the kubelet-started trainer reads); the apiserver
-refuses a size outside the bounds, and a change of a job that is not elastic."""
+refuses a size outside the bounds, and a change of a job that is not elastic; a node lost with
+no room for its worker shrinks the gang, and a new node grows it back."""
 
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 
 from agent.protocol import read_world_file
-from controller.k8s import CORE_EVENTS, GANGJOBS, PODS, Invalid, JsonDict
+from controller.k8s import CORE_EVENTS, GANGJOBS, NODES, PODS, Invalid, JsonDict, NotFound
+from localcluster.cluster import Options, kwok_node
 from localcluster.simkubelet import SimKubelet
+from tests.integration.harness import watch_job
 from tests.integration.test_restart import (  # noqa: F401 (fixtures)
     Gang,
+    _lose_node,
     ctl_kubeconfig,
     gang,
     uids,
@@ -127,3 +133,68 @@ async def test_replicas_of_a_job_that_is_not_elastic_stay_immutable(
     with pytest.raises(Invalid) as caught:
         await resize(gang, "fixed", 3)
     assert "spec.replicas is immutable unless spec.elastic is set" in str(caught.value)
+
+
+async def test_a_node_lost_without_capacity_shrinks_the_gang_and_it_grows_back(
+    gang: Gang,  # noqa: F811 (the fixture)
+) -> None:
+    # One worker a node (each takes both GPUs of its node), three nodes: a lost node's worker
+    # finds no room.
+    await gang.create(
+        "sh", 3, restart={"mode": "Process"}, nodeLoss={"forceDeleteAfterSeconds": 2},
+        elastic={"minReplicas": 2, "maxReplicas": 3, "waitSeconds": 3, "growAfterSeconds": 0},
+        trainer={"resources": {"limits": {"nvidia.com/gpu": 2}}},
+    )  # fmt: skip
+    await gang.running_at("sh", 0, 3)
+    before = uids(await gang.pods("sh"))
+    await gang.agents_at(0, list(before))
+    node = (await gang.pods("sh"))["sh-2"]["spec"]["nodeName"]
+    gang.sim.lose("sh-2")
+    await _lose_node(gang.kube, node)
+
+    def shrunk(j: JsonDict) -> bool:
+        st = j.get("status", {})
+        return bool(
+            st.get("worldSize") == 2
+            and st.get("dropped") == [2]
+            and st.get("barrierEpoch") == st.get("epoch")
+        )
+
+    job = await watch_job(gang.kube, gang.ns, "sh", shrunk, 90, "shrunk to 2")
+    st = job["status"]
+    assert st["lastRestart"]["trigger"]["detail"] == "resized 3 -> 2 (node lost, no capacity)"
+    assert st["restarts"]["counted"] == 0
+    pods = await gang.pods("sh")
+    assert {n: uids(pods)[n] for n in ("sh-0", "sh-1")} == {n: before[n] for n in ("sh-0", "sh-1")}
+    assert pods["sh-2"]["metadata"]["uid"] != before["sh-2"]  # recreated, and waiting
+    assert not pods["sh-2"]["spec"].get("nodeName")
+    shrunk_epoch = st["epoch"]
+    await gang.agents_at(shrunk_epoch, ["sh-0", "sh-1"])
+    for rank in (0, 1):
+        assert world_seen(gang.sim, f"sh-{rank}", "Process") == {
+            "GANGJOB_EPOCH": str(shrunk_epoch),
+            "RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "PET_NNODES": "2",
+        }
+
+    # Capacity returns: a new node; the waiting worker is placed and the gang grows back.
+    extra = f"{gang.ns}-n9"
+    new_node = kwok_node(extra, Options(gpus_per_node=2))
+    new_node["metadata"]["labels"]["gangjob-test"] = gang.ns
+    await gang.kube.create(NODES, new_node)
+    try:
+        job = await gang.running_at("sh", shrunk_epoch + 1, 3, timeout=90)
+        st = job["status"]
+        assert (st["worldSize"], st.get("dropped", [])) == (3, [])
+        assert st["lastRestart"]["trigger"]["detail"] == "resized 2 -> 3 (capacity returned)"
+        after = uids(await gang.pods("sh"))
+        assert {n: after[n] for n in ("sh-0", "sh-1")} == {n: before[n] for n in ("sh-0", "sh-1")}
+        assert after["sh-2"] == pods["sh-2"]["metadata"]["uid"]  # the pod that waited
+        await gang.agents_at(shrunk_epoch + 1, list(after))
+        for rank in range(3):
+            seen = world_seen(gang.sim, f"sh-{rank}", "Process")
+            assert (seen["RANK"], seen["WORLD_SIZE"]) == (str(rank), "3")
+    finally:
+        with contextlib.suppress(NotFound):
+            await gang.kube.delete(NODES, extra)
