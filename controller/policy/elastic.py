@@ -22,29 +22,17 @@ from api.constants import REASON_WORKER_REMOVED
 from api.failures import FailureClass
 from api.v1alpha1 import FailureAction, RestartRecord, RestartTrigger
 from controller.policy import restart
-from controller.policy.gang import surplus
+from controller.policy.gang import surplus, unschedulable_since
 from controller.policy.passstate import Pass
-from controller.policy.views import PodView
 
 WHY_REPLICAS: Final = "replicas changed"
 WHY_NO_CAPACITY: Final = "node lost, no capacity"
 WHY_CAPACITY: Final = "capacity returned"
-POD_SCHEDULED: Final = "PodScheduled"
-UNSCHEDULABLE: Final = "Unschedulable"
 
 
 def resize_text(old: int, new: int, why: str) -> str:
     """How a restart record and its Events name a resize: `resized 8 -> 6 (why)`."""
     return f"resized {old} -> {new} ({why})"
-
-
-def unschedulable_since(pod: PodView) -> datetime | None:
-    """When the scheduler found no node for this unbound, pending pod; None if it did not."""
-    if pod.node_name or pod.terminating or pod.phase not in (None, "Pending"):
-        return None
-    if pod.conditions.get(POD_SCHEDULED) != ("False", UNSCHEDULABLE):
-        return None
-    return pod.condition_times.get(POD_SCHEDULED, pod.creation_timestamp)
 
 
 def last_elastic_change(records: list[RestartRecord]) -> datetime | None:

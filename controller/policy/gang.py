@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Final
 
 from api.naming import worker_pod_name
@@ -55,6 +56,19 @@ def sort_pods(job: GangJob, pods: Sequence[PodView]) -> Gang:
             strays.append(pod)
     live = {rank: pod for rank, pod in workers.items() if not pod.terminating}
     return Gang(workers, strays, frozenset(pod.name for pod in pods), live)
+
+
+POD_SCHEDULED: Final = "PodScheduled"
+UNSCHEDULABLE: Final = "Unschedulable"
+
+
+def unschedulable_since(pod: PodView) -> datetime | None:
+    """When the scheduler found no node for this unbound, pending pod; None if it did not."""
+    if pod.node_name or pod.terminating or pod.phase not in (None, "Pending"):
+        return None
+    if pod.conditions.get(POD_SCHEDULED) != ("False", UNSCHEDULABLE):
+        return None
+    return pod.condition_times.get(POD_SCHEDULED, pod.creation_timestamp)
 
 
 def epoch_workers(status: GangJobStatus) -> int | None:

@@ -8,12 +8,13 @@ from typing import Any
 
 import pytest
 
-from api.constants import REASON_STRAY_POD, REASON_WORKER_REMOVED
+from api.constants import REASON_STRAY_POD, REASON_WORKER_REMOVED, ConditionType
 from api.failures import FailureClass
 from api.v1alpha1 import FailureAction, GangJobStatus, RestartRecord, RestartTrigger
 from controller.policy.plan import plan
 from tests.unit.gangs import (
     GANG_NOW,
+    condition,
     crashed,
     gang,
     record,
@@ -217,3 +218,17 @@ def test_a_dropped_worker_is_no_failure_and_not_waited_for() -> None:
     assert result.status.epoch == 2
     assert result.restart_started is None
     assert result.delete_pods == []
+
+
+def test_at_min_replicas_the_gang_waits_and_stuck_says_why() -> None:
+    since = GANG_NOW - timedelta(seconds=61)
+    pods = [worker(0, 1), unschedulable(1, 1, since)]
+    result = plan(gang(2, lost_status(world=2), pods=pods, **WAITING))
+    assert result.status.epoch == 1
+    assert result.status.dropped == []
+    stuck = condition(result, ConditionType.STUCK)
+    assert stuck is not None
+    assert stuck[:2] == ("True", "ElasticAtMinimum")
+    assert "spec.elastic.minReplicas (2)" in stuck[2]
+    assert "worker 1 (pod llama-1): Pending, Unschedulable" in stuck[2]
+    assert any(e.reason == "ElasticAtMinimum" for e in result.events)
