@@ -178,3 +178,11 @@ def test_launch_env_takes_the_world_of_its_epoch(tmp_path: pathlib.Path) -> None
     # Another epoch's world file is not this epoch's: the pod's environment stands.
     (tmp_path / "world").write_text(world_file_text(epoch_env(4, 2, 3)))
     assert launch_env(env)["WORLD_SIZE"] == "8"
+
+
+def test_the_last_arrival_is_counted_without_the_dropped_workers() -> None:
+    from controller.manager import barrier_waits_for
+
+    status = {"dropped": [2], "roles": [{"name": "worker", "state": "Running", "replicas": 4}]}
+    assert barrier_waits_for({"replicas": 4}, status) == 3
+    assert barrier_waits_for({"replicas": 4}, {"dropped": [1, 2]}) == 2
