@@ -183,7 +183,7 @@ _CONDITION_ROWS: Final = [
         "`ImagePullFailed` (the kubelet cannot pull the agent's, or another container's, "
         "image), `AgentCrashLooping` (the agent's container is in `CrashLoopBackOff`), "
         "`ElasticAtMinimum` (an elastic gang waits for workers no node can take and cannot go "
-        "on without them: it is at `minReplicas`, or one is worker 0), "
+        "on without them: it is at `minReplicas`, or one is the coordinator), "
         "`BarrierStalled` (some worker has not arrived at the epoch for longer than the "
         "controller's `--barrier-stall-seconds`, 120, at most `barrierTimeoutSeconds`); False: "
         "`Progressing` once the cause is gone, `Suspended`, `JobFinished`",
@@ -285,7 +285,7 @@ must re-shard its data by the new `WORLD_SIZE` itself.
 **Shrink instead of waiting, grow back.** A worker being recreated (its node lost, its device
 gone) whose pod stays `Unschedulable` for `elastic.waitSeconds` is dropped at the next epoch,
 `resized 8 -> 7 (node lost, no capacity)`, while the gang stays at or above `minReplicas`
-(never worker 0, the `MASTER_ADDR`; below `minReplicas` the gang waits, and `Stuck` says why,
+(never the coordinator, `MASTER_ADDR`; below `minReplicas` the gang waits, and `Stuck` says why,
 reason `ElasticAtMinimum`). `status.dropped` lists such workers; their pods stay, pending, and a
 worker's `RANK` is its number less the dropped workers below it. Once a dropped worker's pod is
 placed, it rejoins at a new epoch, `resized 7 -> 8 (capacity returned)`, at most once per

@@ -784,8 +784,8 @@ class ElasticSpec(_Model):
         ge=0,
         description="How long a worker being recreated (its node lost, its device gone) may "
         "wait with its pod Unschedulable before the gang goes on without it, at the next "
-        "epoch, while the gang stays at or above `minReplicas`; worker 0 (`MASTER_ADDR`) is "
-        "always waited for.",
+        "epoch, while the gang stays at or above `minReplicas`; the coordinator (`MASTER_ADDR`, "
+        "worker 0 by default) is always waited for.",
     )
     grow_after_seconds: int = Field(
         default=600,

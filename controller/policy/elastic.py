@@ -49,17 +49,19 @@ def last_elastic_change(records: list[RestartRecord]) -> datetime | None:
 
 def _to_drop(p: Pass, world: int, minimum: int) -> list[int]:
     """Workers the gang waits for at a shut barrier whose pods found no node for
-    `waitSeconds`: as many as keep the world at `minimum` or above; never worker 0, whose
-    pod is `MASTER_ADDR`. Requeues the pass for when the next would be due."""
+    `waitSeconds`: as many as keep the world at `minimum` or above; never the coordinator
+    (worker 0 unless `spec.coordinator` says), whose pod is `MASTER_ADDR`. Requeues the pass
+    for when the next would be due."""
     if p.status.barrier_epoch == p.status.epoch:
         return []
     elastic = p.job.spec.elastic
     assert elastic is not None
     wait = timedelta(seconds=elastic.wait_seconds)
     due: list[int] = []
+    coordinator = p.job.spec.coordinator_worker.worker
     for worker in p.active():
         pod = p.gang.live.get(worker)
-        since = None if pod is None or worker == 0 else unschedulable_since(pod)
+        since = None if pod is None or worker == coordinator else unschedulable_since(pod)
         if since is None:
             continue
         if p.now - since >= wait:

@@ -243,7 +243,7 @@ def _reason(p: Pass) -> str | None:
 def elastic_at_minimum(p: Pass) -> Cause | None:
     """An elastic gang at a shut barrier waits for workers whose pods no node has taken for
     `elastic.waitSeconds`, and cannot go on without them: it is at `minReplicas`, or one is
-    worker 0, `MASTER_ADDR` (docs/design.md section 3.12)."""
+    the coordinator, `MASTER_ADDR` (docs/design.md section 3.12)."""
     elastic = p.job.spec.elastic
     if elastic is None or p.status.barrier_epoch == p.status.epoch or p.is_finished():
         return None
@@ -259,9 +259,10 @@ def elastic_at_minimum(p: Pass) -> Cause | None:
         return None
     named = "; ".join(_laggard(p, w, p.gang.live.get(w)) for w in waiting[:SHOWN])
     more = f"; and {len(waiting) - SHOWN} more" if len(waiting) > SHOWN else ""
+    coordinator = p.job.spec.coordinator_worker.worker
     why = (
-        "worker 0 holds MASTER_ADDR"
-        if 0 in waiting
+        f"worker {coordinator} holds MASTER_ADDR"
+        if coordinator in waiting
         else f"the gang is at spec.elastic.minReplicas ({elastic.min_replicas})"
     )
     return (

@@ -232,3 +232,13 @@ def test_at_min_replicas_the_gang_waits_and_stuck_says_why() -> None:
     assert "spec.elastic.minReplicas (2)" in stuck[2]
     assert "worker 1 (pod llama-1): Pending, Unschedulable" in stuck[2]
     assert any(e.reason == "ElasticAtMinimum" for e in result.events)
+
+
+def test_the_coordinator_is_never_dropped() -> None:
+    since = GANG_NOW - timedelta(seconds=61)
+    spec = {**WAITING, "coordinator": {"role": "worker", "index": 2}}
+    result = plan(gang(4, lost_status(), pods=waiting_for(2, since), **spec))
+    assert result.status.dropped == []
+    stuck = condition(result, ConditionType.STUCK)
+    assert stuck is not None
+    assert "worker 2 holds MASTER_ADDR" in stuck[2]
