@@ -35,14 +35,17 @@ from agent.protocol import (
     JobState,
     arrived_epoch,
     barrier,
+    dense_rank,
+    epoch_env,
+    in_world,
     rendezvous_id,
     target_epoch,
+    world_file_text,
 )
 from agent.trainer import Trainer, TrainerFactory, TrainerRun
 from agent.watch import JobWatcher
 from api.constants import (
     ENV_DIR,
-    ENV_EPOCH,
     ENV_PET_RDZV_ID,
     EPOCH_FILE,
     FINISHED_FILE,
@@ -51,6 +54,7 @@ from api.constants import (
     STATE_FILE,
     TRAINER_EXIT_FILE,
     UNKNOWN_EXIT_CODE,
+    WORLD_FILE,
     AgentPlacement,
 )
 
@@ -286,6 +290,8 @@ class Agent:
         target = await self._initial_target()
         await self._arrive(target)
         state = await self._wait_barrier(target)
+        if barrier(state, target) is Barrier.OPEN and not self._in_world(state):
+            state = await self._outside_world(target)
         if barrier(state, target) is Barrier.MOVED:
             self._save_state(target, state.epoch)
             self.log.info(
@@ -372,7 +378,13 @@ class Agent:
                 self.log.info("gang moved to epoch %d before the barrier opened", state.epoch)
                 target = state.epoch
                 continue
-            moved, code = await self._run_trainer(target)
+            if not self._in_world(state):
+                state = await self._outside_world(target)
+                if state.finished:
+                    return 0
+                target = state.epoch
+                continue
+            moved, code = await self._run_trainer(target, state)
             if moved is not None:
                 target = moved.epoch
                 continue
@@ -410,13 +422,35 @@ class Agent:
     def _trainer_process(self, argv: Sequence[str], env: Mapping[str, str]) -> TrainerRun:
         return Trainer(argv, env, adopts=self.adopts_orphans)
 
-    async def _run_trainer(self, target: int) -> tuple[JobState | None, int]:
+    def _in_world(self, state: JobState) -> bool:
+        return in_world(self.config.rank, state)
+
+    async def _outside_world(self, target: int) -> JobState:
+        """A surplus worker of an elastic resize at the barrier of `target`: its pod is being
+        deleted, and it must run nothing at `target`, whose world has no place for its rank.
+        Waits, its trainer held, until the gang moves on or finishes."""
+        self._set(barrier_open=False, step=Step.WAITING_FOR_EPOCH)
+        self.log.info(
+            "rank %s is outside the world of epoch %d: holding the trainer",
+            self.config.rank,
+            target,
+        )
+        return await self._wait_job(lambda s: s.epoch > target or s.finished)
+
+    async def _run_trainer(
+        self, target: int, state: JobState | None = None
+    ) -> tuple[JobState | None, int]:
         """Runs the trainer at `target` until it exits (None, code), or the gang moves on and it
-        is stopped (the new job state, its code)."""
+        is stopped (the new job state, its code). With the epoch's world (`state`, an elastic
+        gang's) it runs with the epoch's `RANK` and `WORLD_SIZE` (`epoch_env`)."""
         env = dict(self._env)
         if self.progress is not None:
             env = trainer_env(self.config.dir, env)
-        env[ENV_EPOCH] = str(target)
+        if state is None:
+            env |= epoch_env(target, None, None)
+        else:
+            rank = dense_rank(self.config.rank, state.dropped)
+            env |= epoch_env(target, rank, state.world_size)
         env[ENV_DIR] = str(self.config.dir)
         env[ENV_PET_RDZV_ID] = rendezvous_id(self.config.job_name, target)
         trainer = self._new_trainer(self.command, env)
@@ -540,12 +574,25 @@ class Agent:
         started = time.monotonic()
         state = await self._wait_job(lambda s: barrier(s, target) is not Barrier.WAIT)
         if barrier(state, target) is Barrier.OPEN:
+            if not self._in_world(state):
+                return state  # a surplus worker: the probe stays shut (`_outside_world`)
+            self._write_world_file(target, state)
             self._write_epoch_file(target)
             # Process mode is RUNNING once its trainer is.
             step = Step.RUNNING if self.mode is AgentPlacement.SIDECAR else Step.AT_BARRIER
             self._set(step=step, barrier_open=True)
             self.log.info("barrier open at %d after %.2fs", target, time.monotonic() - started)
         return state
+
+    def _write_world_file(self, epoch: int, state: JobState) -> None:
+        rank = dense_rank(self.config.rank, state.dropped)
+        if state.world_size is None or rank is None:
+            return
+        try:
+            text = world_file_text(epoch_env(epoch, rank, state.world_size))
+            self._replace_file(WORLD_FILE, text)
+        except OSError as e:
+            self.log.error("cannot write %s: %s", self.config.dir / WORLD_FILE, e)
 
     def _write_epoch_file(self, epoch: int) -> None:
         try:

@@ -27,7 +27,7 @@ from agent.apiclient import HttpClient
 from agent.config import Config, ConfigError
 from agent.launch import launch
 from agent.monitor import trainer_env
-from agent.protocol import rendezvous_id
+from agent.protocol import read_world_file, rendezvous_id
 from agent.trainer import become_subreaper
 from api.constants import (
     DEFAULT_AGENT_PORT,
@@ -51,6 +51,7 @@ from api.constants import (
     ENV_PROGRESS_SUMMARY_SECONDS,
     EPOCH_FILE,
     RESTART_EXIT_CODE,
+    WORLD_FILE,
     AgentPlacement,
 )
 
@@ -117,7 +118,14 @@ def launch_env(env: Mapping[str, str]) -> dict[str, str]:
         raise ValueError(f"cannot read the epoch from {path}: {e}") from e
     # The sidecar prepared the progress directory and the helper when it arrived.
     env = trainer_env(directory, env)
-    return {**env, ENV_EPOCH: str(epoch), ENV_PET_RDZV_ID: rendezvous_id(job, epoch)}
+    # An elastic gang's sidecar wrote the epoch's RANK and WORLD_SIZE before the epoch.
+    try:
+        world = read_world_file((directory / WORLD_FILE).read_text())
+    except OSError:
+        world = {}
+    if world.get(ENV_EPOCH) != str(epoch):
+        world = {}  # another epoch's, or none: the pod's environment stands
+    return {**env, **world, ENV_EPOCH: str(epoch), ENV_PET_RDZV_ID: rendezvous_id(job, epoch)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -16,6 +16,7 @@ from api.constants import (
     DEFAULT_KILL_GRACE_SECONDS,
     DEFAULT_PROGRESS_SUMMARY_SECONDS,
     ENV_AGENT_PORT,
+    ENV_AGENT_RANK,
     ENV_ARRIVAL_CA,
     ENV_ARRIVAL_TOKEN,
     ENV_ARRIVAL_URL,
@@ -76,6 +77,10 @@ class Config:
     launched: bool = False
     """The trainer runs through `agent.pyz launch` (`ENV_LAUNCHED`): the sidecar reports the
     launcher's exit file and tells it when the job has finished."""
+    rank: int | None = None
+    """An elastic gang's worker's rank (`GANGJOB_RANK`, its pod's `gangjob.io/rank`): given to
+    the trainer with the epoch's `WORLD_SIZE` (docs/design.md section 3.12). None (any other
+    gang): the pod's environment stands."""
     direct_fallback_seconds: float = 5.0
     """How long the agent keeps trying the controller's endpoint before it arrives by
     annotation instead (and watches the apiserver)."""
@@ -125,8 +130,12 @@ class Config:
             raise ConfigError(
                 f"{ENV_ARRIVAL_CA} is set but {ENV_ARRIVAL_URL}={arrival_url!r} is not https://"
             )
+        raw_rank = env.get(ENV_AGENT_RANK, "").strip()
+        if raw_rank and not raw_rank.isdigit():
+            raise ConfigError(f"{ENV_AGENT_RANK}={raw_rank!r}: not a rank")
         return cls(
             job_name=need(ENV_GANGJOB_NAME),
+            rank=int(raw_rank) if raw_rank else None,
             pod_name=need(ENV_POD_NAME),
             namespace=need(ENV_POD_NAMESPACE),
             dir=Path(env.get(ENV_DIR, "").strip() or DEFAULT_DIR),

@@ -10,7 +10,15 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from api.constants import ANNOTATION_EPOCH, ANNOTATION_EXIT
+from api.constants import (
+    ANNOTATION_EPOCH,
+    ANNOTATION_EXIT,
+    ENV_EPOCH,
+    ENV_PET_NNODES,
+    ENV_PET_NODE_RANK,
+    ENV_RANK,
+    ENV_WORLD_SIZE,
+)
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -32,6 +40,11 @@ class JobState:
     resource_version: str = ""
     complete_roles: frozenset[str] = frozenset()
     """Roles done for good: their workers are no part of any later restart."""
+    world_size: int | None = None
+    """`status.worldSize`: the `WORLD_SIZE` of `epoch` (None from a controller that does not
+    write it: the pod's own environment stands)."""
+    dropped: frozenset[int] = frozenset()
+    """`status.dropped`: the workers an elastic gang goes on without at `epoch`."""
 
     @classmethod
     def from_object(cls, obj: dict[str, Any]) -> JobState:
@@ -44,6 +57,7 @@ class JobState:
         rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
         phase = status.get("phase")
         roles = status.get("roles")
+        dropped = status.get("dropped")
         complete = frozenset(
             r["name"]
             for r in (roles if isinstance(roles, list) else [])
@@ -57,6 +71,10 @@ class JobState:
             phase=phase if isinstance(phase, str) else None,
             resource_version=rv if isinstance(rv, str) else "",
             complete_roles=complete,
+            world_size=_int(status.get("worldSize")),
+            dropped=frozenset(
+                d for d in (dropped if isinstance(dropped, list) else []) if _int(d) is not None
+            ),
         )
 
     @property
@@ -69,6 +87,56 @@ def _int(value: Any) -> int | None:
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
     return None
+
+
+def dense_rank(worker: int | None, dropped: frozenset[int]) -> int | None:
+    """The `RANK` of worker number `worker` at an epoch that goes on without `dropped`: its
+    number less the dropped workers below it, so that ranks stay dense (docs/design.md section
+    3.12). None for a dropped worker, or without a number."""
+    if worker is None or worker in dropped:
+        return None
+    return worker - sum(1 for d in dropped if d < worker)
+
+
+def in_world(worker: int | None, state: JobState) -> bool:
+    """Whether worker number `worker` runs at `state`'s epoch: not one the gang goes on
+    without, nor a surplus worker of a shrink (its rank at or above the new size), whose pod is
+    about to be deleted. Without a number or a world (a gang that is not elastic): yes."""
+    if worker is None or state.world_size is None:
+        return True
+    rank = dense_rank(worker, state.dropped)
+    return rank is not None and rank < state.world_size
+
+
+def epoch_env(epoch: int, rank: int | None, world_size: int | None) -> dict[str, str]:
+    """What the trainer started at `epoch` is told of its place in that epoch's world: the
+    epoch, and with a known world its `RANK`, `WORLD_SIZE` and torchrun's `PET_NODE_RANK`,
+    `PET_NNODES` (a pod is one torchrun node). The same lines go to `$GANGJOB_DIR/world` for a
+    trainer the kubelet starts."""
+    env = {ENV_EPOCH: str(epoch)}
+    if rank is not None and world_size is not None:
+        env |= {
+            ENV_RANK: str(rank),
+            ENV_WORLD_SIZE: str(world_size),
+            ENV_PET_NODE_RANK: str(rank),
+            ENV_PET_NNODES: str(world_size),
+        }
+    return env
+
+
+def world_file_text(env: dict[str, str]) -> str:
+    """`$GANGJOB_DIR/world`: `NAME=value` lines, for a shell's `.` and for `read_world_file`."""
+    return "".join(f"{name}={value}\n" for name, value in sorted(env.items()))
+
+
+def read_world_file(text: str) -> dict[str, str]:
+    """The variables of a `world` file; lines that are not `NAME=value` are skipped."""
+    env: dict[str, str] = {}
+    for line in text.splitlines():
+        name, sep, value = line.partition("=")
+        if sep and name.strip():
+            env[name.strip()] = value.strip()
+    return env
 
 
 def target_epoch(arrived: int | None, epoch: int) -> int | None:

@@ -31,12 +31,22 @@ def newest(a: JobState, b: JobState) -> JobState:
         phase = a.phase if a.finished else b.phase
     else:
         phase = a.phase if a.epoch > b.epoch else b.phase
+    # The world belongs to its epoch: the view of the later epoch says it.
+    if a.epoch != b.epoch:
+        later = a if a.epoch > b.epoch else b
+        world, dropped = later.world_size, later.dropped
+    elif b.world_size is not None:
+        world, dropped = b.world_size, b.dropped
+    else:
+        world, dropped = a.world_size, a.dropped
     return JobState(
         epoch=max(a.epoch, b.epoch),
         barrier_epoch=barrier,
         phase=phase,
         resource_version=b.resource_version or a.resource_version,
         complete_roles=a.complete_roles | b.complete_roles,
+        world_size=world,
+        dropped=dropped,
     )
 
 

@@ -256,6 +256,11 @@ REASON_SUCCEEDED: Final = "Succeeded"
 REASON_FAILED: Final = "Failed"
 REASON_JOB_FINISHED: Final = "JobFinished"
 REASON_STRAY_POD: Final = "StrayPod"
+REASON_ELASTIC_AT_MINIMUM: Final = "ElasticAtMinimum"
+"""Stuck: an elastic gang waits for workers no node can take, and cannot go on without them
+(it is at `minReplicas`, or one is worker 0)."""
+REASON_WORKER_REMOVED: Final = "WorkerRemoved"
+"""A surplus worker's pod deleted by an elastic resize (docs/design.md section 3.12)."""
 REASON_NON_RETRIABLE_EXIT: Final = "NonRetriableExitCode"
 REASON_FAILURE_POLICY: Final = "FailurePolicy"
 """The job failed by a `FailJob` rule that matched something else than an exit code."""
@@ -373,6 +378,13 @@ DEFAULT_DIR: Final = "/gangjob"
 DEFAULT_KILL_GRACE_SECONDS: Final = 10.0
 EPOCH_FILE: Final = "epoch"
 """Name of the file in `$GANGJOB_DIR` holding the epoch whose barrier opened (decimal + LF)."""
+WORLD_FILE: Final = "world"
+"""Name of the file in `$GANGJOB_DIR` with the trainer's place in the epoch whose barrier
+opened: `GANGJOB_EPOCH`, `RANK`, `WORLD_SIZE`, `PET_NODE_RANK`, `PET_NNODES`, one `NAME=value`
+a line; written before `EPOCH_FILE` (docs/api.md "Elastic gangs")."""
+ENV_AGENT_RANK: Final = "GANGJOB_RANK"
+"""The agent sidecar's worker number (the pod's `gangjob.io/rank`), for an elastic gang: the
+rank it gives its trainer at each epoch."""
 
 PROGRESS_DIR: Final = "progress"
 """In `$GANGJOB_DIR`: the one directory the trainer writes to (its progress files and its stack

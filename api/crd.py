@@ -276,6 +276,12 @@ PRINTER_COLUMNS: Final = [
         "description": "The gang's restart epoch.",
     },
     {
+        "name": "World",
+        "type": "integer",
+        "jsonPath": ".status.worldSize",
+        "description": "WORLD_SIZE of the current epoch.",
+    },
+    {
         "name": "Restarts",
         "type": "integer",
         "jsonPath": ".status.restarts.total",

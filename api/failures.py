@@ -36,6 +36,7 @@ class FailureClass(StrEnum):
     BARRIER_TIMEOUT = "BarrierTimeout"
     STRAGGLER = "Straggler"
     MANUAL_RESTART = "ManualRestart"
+    RESIZED = "Resized"
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,13 @@ FAILURE_CLASSES: Final[Mapping[FailureClass, ClassMeaning]] = {
         counted=False,
         infrastructure=False,
         summary="the user asked for a restart (annotation gangjob.io/restart); no worker failed",
+    ),
+    FailureClass.RESIZED: ClassMeaning(
+        FailureAction.RESTART_GANG,
+        counted=False,
+        infrastructure=False,
+        summary="an elastic gang's spec.replicas changed: it restarts in place at its new "
+        "size; no worker failed",
     ),
 }
 

@@ -182,6 +182,8 @@ _CONDITION_ROWS: Final = [
         "ClusterRole `gangjob-worker` or its binding is missing), `AgentImagePullFailed` / "
         "`ImagePullFailed` (the kubelet cannot pull the agent's, or another container's, "
         "image), `AgentCrashLooping` (the agent's container is in `CrashLoopBackOff`), "
+        "`ElasticAtMinimum` (an elastic gang waits for workers no node can take and cannot go "
+        "on without them: it is at `minReplicas`, or one is the coordinator), "
         "`BarrierStalled` (some worker has not arrived at the epoch for longer than the "
         "controller's `--barrier-stall-seconds`, 120, at most `barrierTimeoutSeconds`); False: "
         "`Progressing` once the cause is gone, `Suspended`, `JobFinished`",
@@ -240,6 +242,58 @@ environment. torchrun then gives each of its `P` processes, local rank `l`: `RAN
 `WORLD_SIZE = N * P`, `LOCAL_RANK = l`, `LOCAL_WORLD_SIZE = P`, `GROUP_RANK = r`. Its static
 rendezvous (the default backend) keys its store on rank 0 by `PET_RDZV_ID`, so workers of
 different epochs never meet. See [torchrun.md](torchrun.md).
+"""
+
+
+ELASTIC_GUIDE: Final = """
+## Elastic gangs
+
+With `spec.elastic {minReplicas, maxReplicas}`, `spec.replicas` is the gang's desired size and
+may change within the bounds (`kubectl patch`, or `gangjob scale NAME --replicas N`); a size
+outside them is refused at admission (`replicas must be within
+spec.elastic.minReplicas..spec.elastic.maxReplicas`), and without `spec.elastic` the apiserver
+refuses any change of `replicas`, as before. `elastic` is for a job written with `replicas` +
+`template`: with `spec.roles` it is refused (per-role elastic is not supported yet).
+
+A change takes effect at the next epoch, in place: the surplus workers (the highest ranks) are
+stopped and their pods deleted, new workers are created at the next free ranks, and every kept
+worker restarts in place (same pod, same UID) with the new world. The restart is recorded as
+class `Resized` (not counted against `maxRestarts`), its detail `resized 8 -> 6 (replicas
+changed)`, in `status.lastRestart`, `status.history` and the `GangRestarting` Event.
+`status.worldSize` (column `World`) is the size of the current epoch.
+
+**Ranks are given per epoch.** Ranks stay dense, `0..worldSize-1`: a worker's rank is its
+number in the gang (its pod `<job>-<number>`) less the dropped workers below it (below). A
+pod's environment is fixed when the pod is created, so after a resize a kept pod's own
+`WORLD_SIZE` is stale; the agent gives the trainer the epoch's values when it starts it:
+
+| trainer | where it finds the epoch's values |
+| --- | --- |
+| `Process` mode | its environment: the agent starts it |
+| `Pod`, `Recreate` modes | its environment: its `command` runs as `agent.pyz launch -- <command>` |
+| any, and what it starts | `$GANGJOB_DIR/world` |
+
+The values are `GANGJOB_EPOCH`, `RANK`, `WORLD_SIZE`, `PET_NODE_RANK` and `PET_NNODES`.
+`$GANGJOB_DIR/world` holds them as `NAME=value` lines (a shell can `.` it); the agent writes it
+when the barrier opens, before `$GANGJOB_DIR/epoch`, and the launcher reads it.
+
+So an elastic job needs its trainer's `command` (refused at admission without it, as for
+`Process` mode and `nprocPerNode`). `MASTER_ADDR` stays rank 0's pod, which a resize never
+removes (`minReplicas` >= 1). A trainer that resumes from a checkpoint at another world size
+must re-shard its data by the new `WORLD_SIZE` itself.
+
+**Shrink instead of waiting, grow back.** A worker being recreated (its node lost, its device
+gone) whose pod stays `Unschedulable` for `elastic.waitSeconds` is dropped at the next epoch,
+`resized 8 -> 7 (node lost, no capacity)`, while the gang stays at or above `minReplicas`
+(never the coordinator, `MASTER_ADDR`; below `minReplicas` the gang waits, and `Stuck` says why,
+reason `ElasticAtMinimum`). `status.dropped` lists such workers; their pods stay, pending, and a
+worker's `RANK` is its number less the dropped workers below it. Once a dropped worker's pod is
+placed, it rejoins at a new epoch, `resized 7 -> 8 (capacity returned)`, at most once per
+`elastic.growAfterSeconds`. Keep `waitSeconds` below `restart.barrierTimeoutSeconds`.
+
+Not built yet: spares; resizing a job queued by Kueue is not guarded. With gang scheduling, the
+PodGroup's `minCount` is `minReplicas` (the group `<job>-of-<minReplicas>`), so a resized gang
+keeps its PodGroup.
 """
 
 
@@ -430,7 +484,8 @@ Let the roles be `R_0 .. R_(n-1)` in the order of `spec.roles`, `ranked(R)` whet
 ### What cannot change
 
 Once a GangJob exists, the apiserver refuses (CEL transition rules, the message naming the
-field) any change of {", ".join(f"`spec.{name}`" for name in IMMUTABLE_FIELDS)}: pods already
+field) any change of {", ".join(f"`spec.{name}`" for name in IMMUTABLE_FIELDS)} (`replicas`
+may change within `spec.elastic`, see Elastic gangs): pods already
 running would disagree with new ones about `{ENV_WORLD_SIZE}`, `{ENV_RANK}` or `{ENV_MASTER_ADDR}`.
 Everything else may change: e.g. `suspend`, `restart` (the budget `maxRestarts`, `backoffSeconds`,
 `barrierTimeoutSeconds`, `mode`), `failurePolicy`, `successPolicy`, `success`, `nodeLoss`,
@@ -525,6 +580,7 @@ def render() -> str:
     out.append(CONDITIONS)
     out.append(_failure_classes())
     out.append(WORKER_ENVIRONMENT)
+    out.append(ELASTIC_GUIDE)
     out.append(PROGRESS_GUIDE)
     out.append(STRAGGLERS_GUIDE)
     out.append(GOODPUT_GUIDE)

@@ -183,6 +183,7 @@ _RULES_MAX: Final = 20
 _MATCHERS_MAX: Final = 20
 _MESSAGE_PATTERNS_MAX: Final = 8
 _ROLES_MAX: Final = 8
+_ELASTIC_DROPPED_MAX: Final = 10000
 _DEPENDENCIES_MAX: Final = 8
 # A role's name is part of its pods' names, `<job>-<role>-<index>`, which are DNS labels.
 _ROLE_NAME_MAX: Final = 20
@@ -755,6 +756,53 @@ class NodeLossSpec(_Model):
     )
 
 
+class ElasticSpec(_Model):
+    """Bounds of an elastic gang: `spec.replicas` may change between them, and a change
+    resizes the gang in place at the next epoch (docs/design.md section 3.12)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.minReplicas <= self.maxReplicas",
+                    "message": "elastic.minReplicas must be <= elastic.maxReplicas",
+                    "fieldPath": ".minReplicas",
+                }
+            ]
+        }
+    )
+
+    min_replicas: int = Field(
+        ge=1, description="The fewest workers the gang runs with; `replicas` may not go below."
+    )
+    max_replicas: int = Field(
+        ge=1,
+        description="The most workers the gang runs with; `replicas` may not go above.",
+    )
+    wait_seconds: int = Field(
+        default=300,
+        ge=0,
+        description="How long a worker being recreated (its node lost, its device gone) may "
+        "wait with its pod Unschedulable before the gang goes on without it, at the next "
+        "epoch, while the gang stays at or above `minReplicas`; the coordinator (`MASTER_ADDR`, "
+        "worker 0 by default) is always waited for.",
+    )
+    grow_after_seconds: int = Field(
+        default=600,
+        ge=0,
+        description="A worker the gang went on without rejoins it, at a new epoch, once its "
+        "pending pod is scheduled (capacity returned); at most once per this many seconds "
+        "since the gang last shrank or grew so, so that a flapping node does not restart the "
+        "gang every minute.",
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("elastic.minReplicas must be <= elastic.maxReplicas")
+        return self
+
+
 class GangSchedulingMode(StrEnum):
     """Whether the gang is placed all-or-nothing by kube-scheduler (KEP-4671)."""
 
@@ -970,6 +1018,15 @@ def _role_names_exist(names: str) -> str:
 
 
 def _immutable(field: str) -> JsonValue:
+    if field == "replicas":
+        # Elastic jobs resize by `replicas`, within their bounds (a rule of its own).
+        return {
+            "rule": "has(self.replicas) == has(oldSelf.replicas) && (!has(self.replicas) || "
+            "self.replicas == oldSelf.replicas || (has(self.elastic) && has(oldSelf.elastic)))",
+            "message": "spec.replicas is immutable unless spec.elastic is set (and was set "
+            "before this change)",
+            "fieldPath": ".replicas",
+        }
     # A transition rule: evaluated on updates only. Comparing presence first keeps a field
     # that appeared or vanished (shorthand <-> roles) from slipping through.
     return {
@@ -1062,8 +1119,22 @@ _SPEC_RULES: Final[list[JsonValue]] = [
                 "restart mode Process",
             ),
             ("has(self.nprocPerNode)", "spec.nprocPerNode"),
+            ("has(self.elastic)", "spec.elastic"),
         )
     ),
+    {
+        "rule": "!has(self.elastic) || has(self.replicas)",
+        "message": "elastic: per-role elastic is not supported yet: set spec.elastic only with "
+        "spec.replicas and spec.template",
+        "fieldPath": ".elastic",
+    },
+    {
+        "rule": "!has(self.elastic) || !has(self.replicas) || "
+        "(self.replicas >= self.elastic.minReplicas && "
+        "self.replicas <= self.elastic.maxReplicas)",
+        "message": "replicas must be within spec.elastic.minReplicas..spec.elastic.maxReplicas",
+        "fieldPath": ".replicas",
+    },
     *(_immutable(name) for name in IMMUTABLE_FIELDS),
 ]
 
@@ -1217,6 +1288,16 @@ class GangJobSpec(_Model):
         description="Port of the rendezvous on the coordinator, given to workers as `MASTER_PORT`.",
     )
 
+    elastic: ElasticSpec | None = Field(
+        default=None,
+        description="Makes the gang elastic: `replicas` may change within "
+        "`[minReplicas, maxReplicas]`, and a change resizes the gang in place at the next "
+        "epoch (surplus workers, the highest indices, deleted; new ones created; every kept "
+        "worker restarted in place with the new `WORLD_SIZE`). Only with `replicas` + "
+        "`template` (per-role elastic is refused). The trainer's `command` is required: the "
+        "agent runs it with the epoch's `RANK` and `WORLD_SIZE`. Unset: `replicas` is "
+        "immutable.",
+    )
     nproc_per_node: NprocPerNode | None = Field(
         default=None,
         description="Processes torchrun starts in each worker pod (a pod is one torchrun node), "
@@ -1242,6 +1323,16 @@ class GangJobSpec(_Model):
             )
         if (self.replicas is None) != (self.template is None):
             raise ValueError("template: spec.replicas and spec.template go together")
+        if self.elastic is not None:
+            if self.replicas is None:
+                raise ValueError(
+                    "elastic: per-role elastic is not supported yet: set spec.elastic only "
+                    "with spec.replicas and spec.template"
+                )
+            if not self.elastic.min_replicas <= self.replicas <= self.elastic.max_replicas:
+                raise ValueError(
+                    "replicas must be within spec.elastic.minReplicas..spec.elastic.maxReplicas"
+                )
         if self.roles is not None and self.trainer_container is not None:
             raise ValueError("trainerContainer: with spec.roles, set trainerContainer on the role")
         if (
@@ -1663,6 +1754,19 @@ class GangJobStatus(_Model):
         default=None,
         description="When the barrier of `barrierEpoch` opened, for every epoch, the first "
         "included: a worker's container that terminated after it had failed at that epoch.",
+    )
+    world_size: int | None = Field(
+        default=None,
+        ge=0,
+        description="`WORLD_SIZE` of `status.epoch`: the ranked workers the gang runs with at "
+        "this epoch. Differs from the spec's only while an elastic resize is pending.",
+    )
+    dropped: list[int] = Field(
+        default_factory=list,
+        max_length=_ELASTIC_DROPPED_MAX,
+        description="Workers (`gangjob.io/rank`) an elastic gang goes on without at this epoch: "
+        "their pods could not be placed for `elastic.waitSeconds`. Each worker's `RANK` is "
+        "its number less the dropped workers below it, so ranks stay dense.",
     )
     workers: WorkersStatus = Field(
         default_factory=WorkersStatus, description="Counts of the gang's workers."

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 COMPLETE = "__complete"
 """The hidden first argument the completion scripts call `gangjob` with."""
-TAKES_A_JOB = ("status", "logs", "restart", "delete", "report")
+TAKES_A_JOB = ("status", "logs", "restart", "scale", "delete", "report")
 NO_FILE_COMPLETION = 4  # cobra's ShellCompDirectiveNoFileComp
 
 

@@ -208,6 +208,21 @@ def parser(prog: str = "gangjob") -> argparse.ArgumentParser:
         "--wait", action="store_true", help="wait until the gang has restarted (barrier open)"
     )
 
+    scale = sub.add_parser(
+        "scale",
+        parents=[common],
+        help="resize an elastic gang in place",
+        description="Set an elastic GangJob's spec.replicas (within spec.elastic.minReplicas.."
+        "maxReplicas): at its next epoch the gang restarts in place at the new size, surplus "
+        "workers (the highest ranks) deleted, new ones created, every kept worker given the new "
+        "WORLD_SIZE.",
+    )
+    scale.add_argument("job", help="the GangJob's name")
+    scale.add_argument("--replicas", type=int, required=True, help="the new gang size")
+    scale.add_argument(
+        "--wait", action="store_true", help="wait until the gang runs at the new size"
+    )
+
     delete = sub.add_parser(
         "delete",
         parents=[common],
@@ -312,6 +327,16 @@ async def restart(client: AsyncClient, args: argparse.Namespace, out: TextIO) ->
     return 0
 
 
+async def scale(client: AsyncClient, args: argparse.Namespace, out: TextIO) -> int:
+    job = await client.scale(args.job, args.replicas)
+    print(f"{args.job}: replicas set to {args.replicas}", file=out)
+    if args.wait:
+        job = await client.scale(args.job, args.replicas, wait=True)
+        status = job.resource.status
+        print(f"{args.job}: running {status.world_size} workers at epoch {status.epoch}", file=out)
+    return 0
+
+
 async def delete(client: AsyncClient, args: argparse.Namespace, out: TextIO) -> int:
     await client.delete(args.job)
     print(f"{args.job}: deleted", file=out)
@@ -324,6 +349,7 @@ COMMANDS = {
     "list": list_jobs,
     "logs": logs,
     "restart": restart,
+    "scale": scale,
     "delete": delete,
 }
 

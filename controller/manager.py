@@ -471,11 +471,14 @@ __all__ = ["CONTROLLER_NAME", "LEASES", "Manager", "Settings", "default_identity
 
 def barrier_waits_for(spec: Mapping[str, Any], status: Mapping[str, Any]) -> int | None:
     """How many workers the barrier waits for, read from the raw GangJob the cache holds: the
-    running roles' (`status.roles`), or for a status written before roles, `spec.replicas`.
-    None if the object says neither (the pass then decides alone)."""
+    running roles' (`status.roles`), or for a status written before roles, `spec.replicas`;
+    less the workers an elastic gang goes on without (`status.dropped`). None if the object
+    says neither (the pass then decides alone)."""
+    dropped = status.get("dropped")
+    less = len(dropped) if isinstance(dropped, list) else 0
     roles = [r for r in status.get("roles") or () if isinstance(r, Mapping)]
     if roles:
         counts = [r.get("replicas") for r in roles if r.get("state") == "Running"]
-        return sum(n for n in counts if isinstance(n, int))
+        return sum(n for n in counts if isinstance(n, int)) - less
     replicas = spec.get("replicas")
-    return replicas if isinstance(replicas, int) else None
+    return replicas - less if isinstance(replicas, int) else None

@@ -240,6 +240,40 @@ class AsyncClient:
 
         return await self.wait(name, until=restarted, timeout=timeout, namespace=ns)
 
+    async def scale(
+        self, name: str, replicas: int, *, wait: bool = False, timeout: float | None = None,
+        namespace: str | None = None,
+    ) -> Job:  # fmt: skip
+        """Resizes an elastic GangJob (`spec.elastic`): sets `spec.replicas`, which the gang
+        takes at its next epoch, in place. Raises JobError for a job that is not elastic, has
+        finished, or a size outside its bounds (the apiserver's refusal names the field). With
+        `wait`, returns once the gang runs at the new size (or the job has ended)."""
+        ns = namespace or self.namespace
+        job = await self.get(name, namespace=ns)
+        if job.finished:
+            raise JobError(f"{name}: the job has {job.phase.lower()}; nothing to scale")
+        elastic = job.resource.spec.elastic
+        if elastic is None:
+            raise JobError(f"{name}: spec.elastic is not set: its replicas are immutable")
+        if not elastic.min_replicas <= replicas <= elastic.max_replicas:
+            raise JobError(
+                f"--replicas {replicas}: must be within spec.elastic.minReplicas.."
+                f"maxReplicas ({elastic.min_replicas}..{elastic.max_replicas})"
+            )
+        job = Job.from_api(
+            await self.kube.patch(GANGJOBS, name, {"spec": {"replicas": replicas}}, ns)
+        )
+        if not wait:
+            return job
+
+        def resized(j: Job) -> bool:
+            status = j.resource.status
+            return j.finished or (
+                status.world_size == replicas and status.barrier_epoch == status.epoch
+            )
+
+        return await self.wait(name, until=resized, timeout=timeout, namespace=ns)
+
     async def delete(self, name: str, *, namespace: str | None = None) -> None:
         """Deletes the GangJob; its pods, Service and program ConfigMap go with it."""
         await self.kube.delete(
@@ -357,6 +391,14 @@ class Client:
         namespace: str | None = None,
     ) -> Job:  # fmt: skip
         return self._run(self.aio.restart(name, wait=wait, timeout=timeout, namespace=namespace))
+
+    def scale(
+        self, name: str, replicas: int, *, wait: bool = False, timeout: float | None = None,
+        namespace: str | None = None,
+    ) -> Job:  # fmt: skip
+        return self._run(
+            self.aio.scale(name, replicas, wait=wait, timeout=timeout, namespace=namespace)
+        )
 
     def delete(self, name: str, *, namespace: str | None = None) -> None:
         self._run(self.aio.delete(name, namespace=namespace))

@@ -77,6 +77,7 @@ from agent.trainer import TrainerRun
 from api.constants import (
     ARRIVAL_AUDIENCE,
     DEFAULT_PROGRESS_SUMMARY_SECONDS,
+    ENV_AGENT_RANK,
     ENV_ARRIVAL_URL,
     ENV_EPOCH,
     ENV_GANGJOB_NAME,
@@ -160,6 +161,19 @@ def agent_env(pod: JsonDict) -> dict[str, str]:
     return {}
 
 
+def agent_rank(pod: JsonDict) -> int | None:
+    """The rank the kubelet would give the pod's agent: `GANGJOB_RANK` from the pod's
+    `gangjob.io/rank` label through the downward API (an elastic gang's agent, sidecar or
+    wrapper); None without it."""
+    spec = pod.get("spec", {})
+    for c in [*spec.get("initContainers", []), *spec.get("containers", [])]:
+        for e in c.get("env") or []:
+            if e.get("name") == ENV_AGENT_RANK and "valueFrom" in e:
+                label = pod["metadata"].get("labels", {}).get(LABEL_RANK, "")
+                return int(label) if label.isdigit() else None
+    return None
+
+
 def _seconds(env: Mapping[str, str], name: str) -> float | None:
     try:
         return float(env[name]) if env.get(name) else None
@@ -228,6 +242,8 @@ class SimTrainer:
 
     def __init__(self, argv: Sequence[str], env: Mapping[str, str]) -> None:
         self.argv = list(argv)
+        self.env = dict(env)
+        """The environment the agent started this run with."""
         self.epoch = int(env.get(ENV_EPOCH, "-1"))
         """The epoch the agent started this run at."""
         self.code: int | None = None
@@ -599,6 +615,7 @@ class SimKubelet:
             probe_port=None,
             kill_grace_seconds=self.kill_grace_seconds,
             pod_uid=uid,
+            rank=agent_rank(pod),
             arrival_url=arrival_url,
             arrival_token_file=wdir / f"arrival-token-{uid}",
             progress_poll_seconds=PROGRESS_POLL_SECONDS if progress else None,

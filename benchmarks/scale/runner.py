@@ -36,6 +36,7 @@ from benchmarks.scale.scenarios import (
     node_lost,
     process,
     recreate,
+    resize,
     steady_cost,
 )
 from benchmarks.scale.settings import (
@@ -46,6 +47,7 @@ from benchmarks.scale.settings import (
     JOBSET,
     JOBSET_RAISED,
     PROGRESS_TWINS,
+    RESIZE,
     STEADY,
     STEADY_PROGRESS,
     WITH_PROGRESS,
@@ -140,7 +142,14 @@ async def run_gang(
     mode, hang_seconds = ("Process", HANG_SECONDS) if mode == HANG else (mode, None)
     try:
         cpu0 = CtlSample.take(w.ctl)
-        startup[name] = round(await start_gang(w, gang, mode, tracker, hang_seconds), 2)
+        # The in-place gang is elastic when it is resized too: its in-place restarts and its
+        # resizes are then measured side by side, on one gang.
+        elastic = (
+            {"elastic": {"minReplicas": 1, "maxReplicas": w.n}}
+            if RESIZE in w.settings.modes and gang == "ip"
+            else None
+        )
+        startup[name] = round(await start_gang(w, gang, mode, tracker, hang_seconds, elastic), 2)
         reqs = CtlSample.take(w.ctl).since(cpu0)["requests"].get("all", 0)
         print(f"  N={w.n} {name} gang running in {startup[name]:.1f}s "
               f"({reqs} controller API requests)", file=sys.stderr)  # fmt: skip
@@ -224,6 +233,8 @@ async def measure_gang(
             row = await node_lost(w, tracker, rep, node)
             if row is not None:
                 rows.append(row)
+        for rep in range(reps if RESIZE in want else 0):
+            rows.extend(await resize(w, tracker, rep, gang))
         # ... then, side by side, by pod annotation and their own watches (the
         # agents restarted from here on get no endpoint).
         w.s.arrival_url = None

@@ -27,6 +27,7 @@ from benchmarks.scale.observer import (
     CtlSample,
     JobTracker,
     NotReached,
+    agents_at,
     milestones,
     pods_where,
     polled,
@@ -35,7 +36,7 @@ from benchmarks.scale.observer import (
     written_after,
 )
 from benchmarks.scale.profile import profiled
-from controller.k8s import JsonDict
+from controller.k8s import GANGJOBS, JsonDict
 from localcluster.simkubelet import SimTrainer
 
 
@@ -375,6 +376,59 @@ async def hang(w: World, tracker: JobTracker, rep: int, hang_seconds: float) -> 
         file=sys.stderr,
     )
     await steady(w, tracker, e1)
+    return row
+
+
+RESIZE_SHARE = 0.8
+"""`resize` shrinks the gang to this share of N, then grows it back to N."""
+
+
+async def resize(w: World, tracker: JobTracker, rep: int, gang: str) -> list[dict[str, Any]]:
+    """An elastic gang resized by `replicas`, N -> 0.8 N -> N, each in place: from the patch
+    to the barrier of the new epoch written (as an in-place restart's span, from its failure
+    visible), then every agent of the new size past it (rows `resize-down`, `resize-up`; the
+    kept pods restart in place, the surplus go, the new ones are created)."""
+    n = w.n
+    down = max(1, int(n * RESIZE_SHARE))
+    return [
+        await _resize_to(w, tracker, rep, gang, down, "resize-down"),
+        await _resize_to(w, tracker, rep, gang, n, "resize-up"),
+    ]
+
+
+async def _resize_to(
+    w: World, tracker: JobTracker, rep: int, gang: str, size: int, mode: str
+) -> dict[str, Any]:
+    e1 = int(tracker.status.get("epoch", 0)) + 1
+
+    async def inject() -> None:
+        await w.kube.patch(GANGJOBS, gang, {"spec": {"replicas": size}}, w.ns)
+
+    def open_count() -> int:
+        return agents_at(w.s, e1, opened=True)
+
+    def state() -> str:
+        return f"epoch {tracker.status.get('epoch')}, {open_count()}/{size} open"
+
+    checks: dict[str, Check] = {
+        "epoch": lambda: tracker.epoch_at.get(e1),
+        "barrier": lambda: tracker.barrier_at.get(e1),
+        "open": polled(lambda: open_count() == size),
+    }
+    row = await measure_restart(
+        w, tracker, mode, rep, inject, checks, ["epoch", "barrier", "open"], w.timeout(0.2),
+        state, between("injected", "barrier"),
+    )  # fmt: skip
+    row["size"] = size
+    if size == w.n:
+        await steady(w, tracker, e1)
+    else:
+        await milestones(
+            {"running": polled(lambda: pods_where(w.s, running) == size)},
+            w.timeout(0.1),
+            Progress(f"N={w.n} settling at {size}"),
+            lambda: f"{pods_where(w.s, running)}/{size} running",
+        )
     return row
 
 

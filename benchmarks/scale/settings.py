@@ -20,7 +20,11 @@ HANG_SECONDS = 10
 HANG_STEPS_PER_SECOND = 2.0
 """How fast the stand-in trainers of the hang gang (and of `--progress`'s twins) report
 steps."""
-SELECTABLE_MODES = (*MODES, HANG)
+RESIZE = "resize"
+"""An elastic gang resized in place by `replicas`, N -> 0.8 N -> N (rows `resize-down`,
+`resize-up`), on the in-place gang, made elastic for it: taken only when `--modes` names it."""
+RESIZE_ROWS = ("resize-down", "resize-up")
+SELECTABLE_MODES = (*MODES, HANG, RESIZE)
 """What `--modes` may name."""
 PEERS = ("jobset",)
 """Peers `--peers` can measure beside GangJob in the same run."""
@@ -42,7 +46,7 @@ PROGRESS_WINDOW_S = 120.0
 """The steady window's length: at least two summary periods at every N up to 6000."""
 REPORTED_MODES = (
     "in-place", PROGRESS_TWINS["in-place"], "process", PROGRESS_TWINS["process"],
-    *MODES[2:], HANG, JOBSET, IN_PLACE_RAISED, JOBSET_RAISED,
+    *MODES[2:], *RESIZE_ROWS, HANG, JOBSET, IN_PLACE_RAISED, JOBSET_RAISED,
 )  # fmt: skip
 """Every row a report can hold, in its order."""
 PEER_QPS = 500

@@ -231,6 +231,11 @@ def state_line(job: JsonDict) -> bytes:
     agent reads it with the parser of its watch)."""
     status = job.get("status") or {}
     state = {k: status.get(k) for k in ("epoch", "barrierEpoch", "phase")}
+    if status.get("worldSize") is not None:
+        # The world of `epoch`: the agent gives it to the trainer it starts at that epoch.
+        state["worldSize"] = status["worldSize"]
+    if status.get("dropped"):
+        state["dropped"] = status["dropped"]
     # Only the roles done for good: a worker of one that succeeded is then no longer held.
     complete = [r["name"] for r in status.get("roles") or () if r.get("state") == "Complete"]
     if complete:

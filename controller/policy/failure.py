@@ -17,7 +17,7 @@ from api.constants import (
 from api.v1alpha1 import FailureAction, Phase
 from controller.policy import classify, lifecycle, straggler
 from controller.policy.classify import Decision
-from controller.policy.gang import at_epoch
+from controller.policy.gang import at_epoch, epoch_workers
 from controller.policy.passstate import EventSpec, Pass, worker_text
 
 
@@ -57,7 +57,11 @@ def _decisions(p: Pass) -> list[Decision]:
         if pod is None:
             # A role that joined the running gang creates its pods as it goes: one missing is
             # created again, as before the first barrier.
-            failure = None if p.started_late(rank) else classify.missing(ctx, rank)
+            # So is a worker an elastic resize adds (numbered past the epoch's world): it has
+            # never run, and the resize's own bump creates it.
+            spanned = epoch_workers(p.status)
+            joining = p.job.spec.elastic is not None and spanned is not None and rank >= spanned
+            failure = None if p.started_late(rank) or joining else classify.missing(ctx, rank)
         elif not at_epoch(pod, p.status.epoch) or p.superseded(rank, pod):
             continue
         else:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Final
 
 from api.naming import worker_pod_name
@@ -57,6 +58,37 @@ def sort_pods(job: GangJob, pods: Sequence[PodView]) -> Gang:
     return Gang(workers, strays, frozenset(pod.name for pod in pods), live)
 
 
+POD_SCHEDULED: Final = "PodScheduled"
+UNSCHEDULABLE: Final = "Unschedulable"
+
+
+def unschedulable_since(pod: PodView) -> datetime | None:
+    """When the scheduler found no node for this unbound, pending pod; None if it did not."""
+    if pod.node_name or pod.terminating or pod.phase not in (None, "Pending"):
+        return None
+    if pod.conditions.get(POD_SCHEDULED) != ("False", UNSCHEDULABLE):
+        return None
+    return pod.condition_times.get(POD_SCHEDULED, pod.creation_timestamp)
+
+
+def epoch_workers(status: GangJobStatus) -> int | None:
+    """How many worker numbers an elastic gang's epoch spans: its world and the workers it
+    goes on without (docs/design.md section 3.12); None before the first pass."""
+    if status.world_size is None:
+        return None
+    return status.world_size + len(status.dropped)
+
+
+def surplus(job: GangJob, status: GangJobStatus, strays: Sequence[PodView]) -> list[PodView]:
+    """The pods of the workers an elastic resize removes (docs/design.md section 3.12): strays
+    numbered at or above the job's new size and below the numbers the epoch spans."""
+    spanned = epoch_workers(status)
+    if job.spec.elastic is None or spanned is None:
+        return []
+    new = len(job.spec.workers)
+    return [pod for pod in strays if pod.rank is not None and new <= pod.rank < spanned]
+
+
 def arrived_by_barrier(pods: Sequence[PodView], status: GangJobStatus) -> list[PodView]:
     """The pods, each known to have arrived at `status.epoch` if its barrier is open.
 
@@ -71,11 +103,15 @@ def arrived_by_barrier(pods: Sequence[PodView], status: GangJobStatus) -> list[P
     # restart waits out the backoff) has yet to arrive. Whole seconds on both sides, and a pod
     # of the barrier's own second is left to its own report.
     cutoff = opened.replace(microsecond=0)
+    # Nor the pods of the workers an elastic gang goes on without: the barrier did not wait
+    # for them (docs/design.md section 3.12).
+    dropped = frozenset(status.dropped)
     return [
         dataclasses.replace(pod, arrived_epoch=epoch)
         if (pod.arrived_epoch is None or pod.arrived_epoch < epoch)
         and pod.creation_timestamp is not None
         and pod.creation_timestamp < cutoff
+        and pod.rank not in dropped
         else pod
         for pod in pods
     ]

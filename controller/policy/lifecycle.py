@@ -26,7 +26,7 @@ from api.constants import (
 from api.v1alpha1 import CleanPodPolicy, ConditionStatus, Phase, RestartMode, RoleState
 from controller.policy import classify, kueue, podspec, stuck
 from controller.policy.conditions import get_condition, is_true
-from controller.policy.gang import POD_RUNNING, POD_TERMINAL
+from controller.policy.gang import POD_RUNNING, POD_TERMINAL, surplus
 from controller.policy.passstate import (
     EventSpec,
     Pass,
@@ -44,9 +44,12 @@ _WAITING: Final = RoleProgress(RoleState.WAITING)
 
 
 def delete_strays(p: Pass) -> bool:
-    """Pods of ours that are no worker (scaled away, rank label missing or wrong name) go."""
+    """Pods of ours that are no worker (rank label missing or wrong name) go; those an elastic
+    resize removes go with its bump (`elastic.resize`)."""
+    resized_away = {pod.name for pod in surplus(p.job, p.status, p.gang.strays)}
     for pod in p.gang.strays:
-        p.delete(pod, REASON_STRAY_POD)
+        if pod.name not in resized_away:
+            p.delete(pod, REASON_STRAY_POD)
     return False
 
 
@@ -173,7 +176,8 @@ def create(p: Pass) -> bool:
     forced = {d.name for d in p.delete_pods.values() if d.grace_seconds == 0}
     taken = p.gang.names - forced
     keep_off: list[str] | None = None
-    for rank in p.active():
+    # A dropped worker keeps a pod, pending: once it is placed, the gang grows back.
+    for rank in sorted({*p.active(), *p.dropped()}):
         if naming.worker_pod_name(job, rank) in taken:
             continue
         try:

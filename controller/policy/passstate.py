@@ -283,13 +283,23 @@ class Pass:
 
     def active(self) -> list[int]:
         """The workers the gang's protocol spans in this pass: those of the running roles (not
-        of a role still waiting, nor of one that completed)."""
+        of a role still waiting, nor of one that completed), but those an elastic gang goes
+        on without (`dropped`)."""
+        dropped = self.dropped()
         return [
             w.worker
             for w in self.job.spec.workers
             if self.roles.get(w.role.name, RoleProgress(RoleState.WAITING)).state
             is RoleState.RUNNING
+            and w.worker not in dropped
         ]
+
+    def dropped(self) -> frozenset[int]:
+        """The workers an elastic gang goes on without at `status.epoch` (docs/design.md
+        section 3.12): their pods are kept, pending, but nobody waits for them."""
+        if self.job.spec.elastic is None:
+            return frozenset()
+        return frozenset(d for d in self.status.dropped if d < len(self.job.spec.workers))
 
     def started_late(self, worker: int) -> bool:
         """The worker's role started behind the open barrier of `epoch`: a pod of it that is

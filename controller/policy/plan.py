@@ -22,6 +22,7 @@ from typing import Final
 
 from controller.policy import (
     deadline,
+    elastic,
     failure,
     hang,
     lifecycle,
@@ -87,6 +88,7 @@ STEPS: Final[tuple[PlanStep, ...]] = (
     failure.fail_by_policy,
     restart.restart,
     manual.manual_restart,
+    elastic.resize,
     recreate.recreate_laggards,
     lifecycle.create,
     lifecycle.place,

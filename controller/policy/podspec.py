@@ -33,6 +33,7 @@ from api.constants import (
     DEFAULT_DIR,
     DEFAULT_PROGRESS_SUMMARY_SECONDS,
     ENV_AGENT_PORT,
+    ENV_AGENT_RANK,
     ENV_ARRIVAL_TOKEN,
     ENV_ARRIVAL_URL,
     ENV_DIR,
@@ -442,7 +443,8 @@ def _add_sidecar(w: _Shaping) -> None:
     (`trainer_restart_rule`) does the same for its retriable exit codes; without them a failed
     worker stays terminated and the controller recreates it."""
     trainer, spec = w.trainer, w.spec
-    launched = w.job.spec.nproc_per_node is not None
+    # An elastic gang's trainer learns its epoch's RANK and WORLD_SIZE from the launcher.
+    launched = w.job.spec.nproc_per_node is not None or w.job.spec.elastic is not None
     trainer["env"] = _merge_env(trainer.get("env") or [], _progress_env())
     if launched:
         # The launcher writes its trainer's success there (`TRAINER_EXIT_FILE`).
@@ -494,14 +496,16 @@ _SHAPERS: Final[Mapping[AgentPlacement, Callable[[_Shaping], None]]] = {
 
 
 def _launch_through_agent(trainer: dict[str, Any], field: str, mode: RestartMode) -> None:
-    """`spec.nprocPerNode` set, in `Pod` and `Recreate` modes: the trainer's command runs as
-    `agent.pyz launch -- <command> <args>`, which execs it with the epoch's rendezvous id (an
-    in-place restart keeps the pod's environment, so only the agent can give it)."""
+    """`spec.nprocPerNode` or `spec.elastic` set, in `Pod` and `Recreate` modes: the trainer's
+    command runs as `agent.pyz launch -- <command> <args>`, which execs it with the epoch's
+    rendezvous id, and an elastic gang's `RANK` and `WORLD_SIZE` of the epoch (an in-place
+    restart keeps the pod's environment, so only the agent can give them)."""
     command = trainer.get("command")
     if not command:
         raise TrainerCommandRequired(
             f"{field}.command",
-            f"spec.nprocPerNode runs the trainer's command through the agent (restart mode "
+            f"spec.nprocPerNode or spec.elastic runs the trainer's command through the agent "
+            f"(restart mode "
             f"{mode}), and the image's ENTRYPOINT is unknown to the controller: set `command`",
         )
     trainer["command"] = [
@@ -577,6 +581,16 @@ def _guaranteed(spec: Mapping[str, Any]) -> bool:
     return True
 
 
+def _agent_rank_env() -> dict[str, Any]:
+    """The agent's worker number (sidecar or wrapper), which an elastic gang's agent gives its
+    trainer as the epoch's `RANK` (docs/design.md section 3.12). Only an elastic gang's: the
+    agent of another keeps the pod's environment as it is."""
+    return {
+        "name": ENV_AGENT_RANK,
+        "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{LABEL_RANK}']"}},
+    }
+
+
 def _agent_container(
     name: str, agent_image: str, spec: Mapping[str, Any], qos_guaranteed: bool
 ) -> dict[str, Any]:
@@ -644,6 +658,7 @@ def _agent_env(job: GangJob) -> list[dict[str, Any]]:
         {"name": ENV_AGENT_PORT, "value": str(DEFAULT_AGENT_PORT)},
         {"name": ENV_DIR, "value": DEFAULT_DIR},
         *progress,
+        *([_agent_rank_env()] if job.spec.elastic is not None else []),
     ]
 
 

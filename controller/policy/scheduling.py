@@ -46,7 +46,11 @@ POD_GROUP_TEMPLATE: Final = "workers"
 
 
 def gang_size(job: GangJob) -> int:
-    """The workers of every role: the PodGroup's quorum."""
+    """The PodGroup's quorum: the workers of every role; an elastic gang's `minReplicas`, the
+    fewest it runs with, so that a resize keeps its PodGroup (its workers, old and new, stay
+    linked to one group, whose bound pods already make the quorum)."""
+    if job.spec.elastic is not None:
+        return job.spec.elastic.min_replicas
     return len(job.spec.workers)
 
 

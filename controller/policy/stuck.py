@@ -23,6 +23,7 @@ from api.constants import (
     REASON_ARRIVAL_UNREACHABLE,
     REASON_ARRIVALS_DIRECT,
     REASON_BARRIER_STALLED,
+    REASON_ELASTIC_AT_MINIMUM,
     REASON_IMAGE_PULL,
     REASON_POD_CREATION_REFUSED,
     REASON_PROGRESSING,
@@ -36,7 +37,7 @@ from api.v1alpha1 import ConditionStatus, GangJob
 from controller.policy import topology
 from controller.policy.classify import RESTARTING_ALL_CONTAINERS
 from controller.policy.conditions import get_condition, is_true
-from controller.policy.gang import POD_TERMINAL
+from controller.policy.gang import POD_TERMINAL, unschedulable_since
 from controller.policy.passstate import EventSpec, Pass, worker_text
 from controller.policy.views import ContainerView, PodView, parse_decimal_int
 
@@ -87,6 +88,7 @@ def diagnose(p: Pass) -> bool:
             rbac_missing,
             image_pull_failed,
             agent_crashing,
+            elastic_at_minimum,
             barrier_stalled,
         ),
     )
@@ -236,6 +238,39 @@ def _between_back_offs(c: ContainerView) -> bool:
 def _reason(p: Pass) -> str | None:
     condition = get_condition(p.status.conditions, ConditionType.STUCK)
     return None if condition is None else condition.reason
+
+
+def elastic_at_minimum(p: Pass) -> Cause | None:
+    """An elastic gang at a shut barrier waits for workers whose pods no node has taken for
+    `elastic.waitSeconds`, and cannot go on without them: it is at `minReplicas`, or one is
+    the coordinator, `MASTER_ADDR` (docs/design.md section 3.12)."""
+    elastic = p.job.spec.elastic
+    if elastic is None or p.status.barrier_epoch == p.status.epoch or p.is_finished():
+        return None
+    wait = timedelta(seconds=elastic.wait_seconds)
+    waiting = [
+        w
+        for w in p.active()
+        if (pod := p.gang.live.get(w)) is not None
+        and (since := unschedulable_since(pod)) is not None
+        and p.now - since >= wait
+    ]
+    if not waiting:
+        return None
+    named = "; ".join(_laggard(p, w, p.gang.live.get(w)) for w in waiting[:SHOWN])
+    more = f"; and {len(waiting) - SHOWN} more" if len(waiting) > SHOWN else ""
+    coordinator = p.job.spec.coordinator_worker.worker
+    why = (
+        f"worker {coordinator} holds MASTER_ADDR"
+        if coordinator in waiting
+        else f"the gang is at spec.elastic.minReplicas ({elastic.min_replicas})"
+    )
+    return (
+        REASON_ELASTIC_AT_MINIMUM,
+        f"{len(waiting)} workers cannot be placed and the gang cannot go on without them: "
+        f"{why}: {named}{more}. Fix: make room for them (nodes, quota), or lower "
+        "spec.elastic.minReplicas.",
+    )
 
 
 def barrier_stalled(p: Pass) -> Cause | None:

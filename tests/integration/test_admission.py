@@ -182,10 +182,21 @@ INVALID: list[tuple[str, Manifest, tuple[str, ...]]] = [
      ("spec.trainerContainer", "must name a container of spec.template.spec.containers")),
     ("roles-and-replicas", edit(roles, lambda j: j["spec"].update(replicas=2)),
      ("spec.roles", "set either spec.roles or spec.replicas")),
+    # Elastic gangs: bounds, one role, a command.
+    ("elastic-above-max", shorthand(elastic={"minReplicas": 1, "maxReplicas": 1}),
+     ("spec.replicas", "replicas must be within spec.elastic.minReplicas..")),
+    ("elastic-min-above-max", shorthand(elastic={"minReplicas": 3, "maxReplicas": 2}),
+     ("spec.elastic.minReplicas", "elastic.minReplicas must be <= elastic.maxReplicas")),
+    ("elastic-roles", roles(elastic={"minReplicas": 1, "maxReplicas": 4}),
+     ("spec.elastic", "per-role elastic is not supported yet")),
+    ("elastic-no-command", edit(lambda: shorthand(elastic={"minReplicas": 1, "maxReplicas": 4}),
+                                lambda j: trainer(j).pop("command")),
+     ("spec.template", "spec.elastic")),
 ]  # fmt: skip
 
 VALID: list[tuple[str, Manifest]] = [
     ("shorthand", shorthand()),
+    ("elastic", shorthand(elastic={"minReplicas": 1, "maxReplicas": 4, "waitSeconds": 60})),
     ("shorthand-everything", edit(lambda: shorthand(
         restart={"mode": "Process"},
         failurePolicy={"rules": [

@@ -272,3 +272,27 @@ async def test_the_python_client_against_the_apiserver(
     assert restarted.restarts == 1
     assert restarted.history[-1].trigger.failure_class == "ManualRestart"
     await wait_gone(sim_kube, GANGJOBS, "py", gang.ns, timeout=60)
+
+
+async def test_scale_resizes_an_elastic_gang_in_place(
+    sim_kube: Kube, sim_cluster: Cluster, gang: Gang
+) -> None:
+    await gang.create("sc", 3, restart={"mode": "Process"},
+                      elastic={"minReplicas": 2, "maxReplicas": 4})  # fmt: skip
+    await gang.running_at("sc", 0, 3)
+    kubeconfig = sim_cluster.kubeconfig
+    code, out, err = await gangjob(kubeconfig, "scale", "-n", gang.ns, "sc", "--replicas", "2",
+                                   "--wait")  # fmt: skip
+    assert code == 0, err
+    assert "sc: replicas set to 2" in out
+    assert "sc: running 2 workers at epoch 1" in out
+    job = await sim_kube.get(GANGJOBS, "sc", gang.ns)
+    assert (job["status"]["worldSize"], job["status"]["barrierEpoch"]) == (2, 1)
+    # Out of bounds, and a job that is not elastic: refused, naming why.
+    code, _, err = await gangjob(kubeconfig, "scale", "-n", gang.ns, "sc", "--replicas", "5")
+    assert code == 2
+    assert "--replicas 5: must be within spec.elastic.minReplicas..maxReplicas (2..4)" in err
+    await gang.create("fixed", 1)
+    code, _, err = await gangjob(kubeconfig, "scale", "-n", gang.ns, "fixed", "--replicas", "2")
+    assert code == 2
+    assert "spec.elastic is not set" in err

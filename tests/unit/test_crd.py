@@ -105,7 +105,7 @@ def test_names_and_version() -> None:
 def test_printer_columns() -> None:
     columns = crd.build_crd()["spec"]["versions"][0]["additionalPrinterColumns"]
     default_view = [c["name"] for c in columns if c.get("priority", 0) == 0]
-    assert default_view == ["Phase", "Ready", "Epoch", "Restarts", "Age"]
+    assert default_view == ["Phase", "Ready", "Epoch", "World", "Restarts", "Age"]
     assert "Roles" in [c["name"] for c in columns]
     for column in columns:
         if column["name"] == "Age":
@@ -280,8 +280,10 @@ def test_cel_rules_are_where_the_schema_cannot_say_it() -> None:
         ".spec.failurePolicy.rules[].onNodeConditions[]",
         ".spec.failurePolicy.rules[].onMessagePatterns[]",
         ".spec.scheduling",
+        ".spec.elastic",
     }
     assert any("self.trainerContainer" in r for r in rules[".spec"])
+    assert rules[".spec.elastic"] == ["self.minReplicas <= self.maxReplicas"]
     assert any("onExitCodes.containerName" in r for r in rules[".spec"])
     assert "self.metadata.name.size()" in rules[""][0]
     [exactly_one] = rules[".spec.failurePolicy.rules[]"]

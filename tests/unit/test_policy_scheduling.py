@@ -212,3 +212,22 @@ def test_roles_that_start_in_order_are_not_gang_scheduled() -> None:
     assert {p["spec"]["schedulingGroup"]["podGroupName"] for p in together.create_pods} == {
         f"{JOB_NAME}-of-3"
     }
+
+
+def test_an_elastic_gang_keeps_one_pod_group_of_quorum_min_replicas_when_it_grows() -> None:
+    elastic = {"minReplicas": 2, "maxReplicas": 6}
+    first = plan(observe(make_job(replicas=3, elastic=elastic)), SERVED)
+    assert first.create_pod_group is not None
+    assert first.create_pod_group["metadata"]["name"] == "llama-of-2"
+    assert first.create_pod_group["spec"]["schedulingPolicy"] == {"gang": {"minCount": 2}}
+    # Grown 3 -> 4: the new worker joins the same group, which the bound three already fill.
+    pods = [linked(worker(r, 0), "llama-of-2") for r in range(3)]
+    status = GangJobStatus.model_validate(
+        {"phase": "Running", "epoch": 0, "barrierEpoch": 0, "worldSize": 3, "mode": "Pod"}
+    )
+    grown = plan(gang(4, status, pods=pods, elastic=elastic), SERVED)
+    assert names(grown) == ["llama-3"]
+    assert grown.create_pods[0]["spec"]["schedulingGroup"] == {"podGroupName": "llama-of-2"}
+    cond = condition(grown, ConditionType.GANG_SCHEDULING)
+    assert cond is not None
+    assert cond[:2] == ("True", "PodGroupGangPolicy")

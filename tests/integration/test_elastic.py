@@ -1,0 +1,200 @@
+"""Elastic gangs on the sim cluster (docs/design.md section 3.12): the real controller resizes a
+gang in place when its `replicas` changes, shrinking and growing, with the kept pods' UIDs
+unchanged and the new world seen by every agent's trainer (`Process` mode: the trainer run's
+environment; `Pod` mode: the `world` file the kubelet-started trainer reads); the apiserver
+refuses a size outside the bounds, and a change of a job that is not elastic; a node lost with
+no room for its worker shrinks the gang, and a new node grows it back."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+
+from agent.protocol import read_world_file
+from controller.k8s import CORE_EVENTS, GANGJOBS, NODES, PODS, Invalid, JsonDict, NotFound
+from localcluster.cluster import Options, kwok_node
+from localcluster.simkubelet import SimKubelet
+from tests.integration.harness import watch_job
+from tests.integration.test_restart import (  # noqa: F401 (fixtures)
+    Gang,
+    _lose_node,
+    ctl_kubeconfig,
+    gang,
+    uids,
+)
+from tests.waiting import wait_for_pods
+
+pytestmark = pytest.mark.integration
+
+ELASTIC = {"minReplicas": 2, "maxReplicas": 6}
+
+
+def world_seen(sim: SimKubelet, name: str, mode: str) -> dict[str, str]:
+    """What the worker's trainer was told of its epoch: `Process` mode, the environment of the
+    agent's latest trainer run; `Pod` mode, the agent's `world` file."""
+    w = sim.workers[name]
+    if mode == "Process":
+        assert w.trainer is not None, f"{name}: no trainer run"
+        env = w.trainer.env
+    else:
+        env = read_world_file((w.dir / "world").read_text())
+    return {k: env[k] for k in ("GANGJOB_EPOCH", "RANK", "WORLD_SIZE", "PET_NNODES") if k in env}
+
+
+async def resize(g: Gang, job: str, replicas: int) -> None:
+    await g.kube.patch(GANGJOBS, job, {"spec": {"replicas": replicas}}, g.ns)
+
+
+async def only_pods(g: Gang, job: str, names: set[str]) -> dict[str, JsonDict]:
+    def exactly(pods: list[JsonDict]) -> bool:
+        return {p["metadata"]["name"] for p in pods} == names
+
+    await wait_for_pods(g.kube, g.ns, exactly, 30, f"pods {sorted(names)}")
+    return await g.pods(job)
+
+
+@pytest.mark.parametrize("mode", ["Process", "Pod"])
+async def test_shrink_and_grow_in_place_keep_uids_and_give_the_new_world(
+    gang: Gang,  # noqa: F811 (the fixture)
+    mode: str,
+) -> None:
+    await gang.create("el", 4, restart={"mode": mode}, elastic=ELASTIC)
+    job = await gang.running_at("el", 0, 4)
+    assert job["status"]["worldSize"] == 4
+    before = uids(await gang.pods("el"))
+    await gang.agents_at(0, list(before))
+
+    # Shrink 4 -> 3: el-3 goes, el-0..2 restart in place at epoch 1 with a world of 3.
+    await resize(gang, "el", 3)
+    job = await gang.running_at("el", 1, 3)
+    st = job["status"]
+    assert st["worldSize"] == 3
+    last = st["lastRestart"]
+    assert last["trigger"]["class"] == "Resized"
+    assert last["trigger"]["detail"] == "resized 4 -> 3 (replicas changed)"
+    assert last["recreated"] == []
+    assert not last.get("counted")
+    kept = {n: before[n] for n in ("el-0", "el-1", "el-2")}
+    assert uids(await only_pods(gang, "el", set(kept))) == kept
+    await gang.agents_at(1, list(kept))
+    for rank, name in enumerate(sorted(kept)):
+        assert world_seen(gang.sim, name, mode) == {
+            "GANGJOB_EPOCH": "1",
+            "RANK": str(rank),
+            "WORLD_SIZE": "3",
+            "PET_NNODES": "3",
+        }
+
+    # Grow 3 -> 5: el-3 and el-4 are new pods, el-0..2 the same, everyone at a world of 5.
+    await resize(gang, "el", 5)
+    job = await gang.running_at("el", 2, 5)
+    assert job["status"]["worldSize"] == 5
+    assert job["status"]["lastRestart"]["trigger"]["detail"] == "resized 3 -> 5 (replicas changed)"
+    after = uids(await gang.pods("el"))
+    assert set(after) == {f"el-{r}" for r in range(5)}
+    assert {n: after[n] for n in kept} == kept
+    assert after["el-3"] != before["el-3"]
+    await gang.agents_at(2, list(after))
+    for rank in range(5):
+        seen = world_seen(gang.sim, f"el-{rank}", mode)
+        assert seen == {
+            "GANGJOB_EPOCH": "2",
+            "RANK": str(rank),
+            "WORLD_SIZE": "5",
+            "PET_NNODES": "5",
+        }
+    assert job["status"]["restarts"]["counted"] == 0
+
+    # The Events say it, as `kubectl describe gj` shows them.
+    events = (await gang.kube.list(CORE_EVENTS, gang.ns)).items
+    messages = [
+        e["message"]
+        for e in events
+        if e["involvedObject"]["name"] == "el" and e["reason"] == "GangRestarting"
+    ]
+    assert any("resized 4 -> 3 (replicas changed)" in m for m in messages), messages
+    assert any("resized 3 -> 5 (replicas changed)" in m for m in messages), messages
+
+    # Out of bounds, refused naming the field; the gang is untouched.
+    with pytest.raises(Invalid) as caught:
+        await resize(gang, "el", 7)
+    assert "replicas must be within spec.elastic.minReplicas..spec.elastic.maxReplicas" in str(
+        caught.value
+    )
+    pods = (await gang.kube.list(PODS, gang.ns)).items
+    assert len([p for p in pods if p["metadata"]["name"].startswith("el-")]) == 5
+
+
+async def test_replicas_of_a_job_that_is_not_elastic_stay_immutable(
+    gang: Gang,  # noqa: F811 (the fixture)
+) -> None:
+    await gang.create("fixed", 2)
+    with pytest.raises(Invalid) as caught:
+        await resize(gang, "fixed", 3)
+    assert "spec.replicas is immutable unless spec.elastic is set" in str(caught.value)
+
+
+async def test_a_node_lost_without_capacity_shrinks_the_gang_and_it_grows_back(
+    gang: Gang,  # noqa: F811 (the fixture)
+) -> None:
+    # One worker a node (each takes both GPUs of its node), three nodes: a lost node's worker
+    # finds no room.
+    await gang.create(
+        "sh", 3, restart={"mode": "Process"}, nodeLoss={"forceDeleteAfterSeconds": 2},
+        elastic={"minReplicas": 2, "maxReplicas": 3, "waitSeconds": 3, "growAfterSeconds": 0},
+        trainer={"resources": {"limits": {"nvidia.com/gpu": 2}}},
+    )  # fmt: skip
+    await gang.running_at("sh", 0, 3)
+    before = uids(await gang.pods("sh"))
+    await gang.agents_at(0, list(before))
+    node = (await gang.pods("sh"))["sh-2"]["spec"]["nodeName"]
+    gang.sim.lose("sh-2")
+    await _lose_node(gang.kube, node)
+
+    def shrunk(j: JsonDict) -> bool:
+        st = j.get("status", {})
+        return bool(
+            st.get("worldSize") == 2
+            and st.get("dropped") == [2]
+            and st.get("barrierEpoch") == st.get("epoch")
+        )
+
+    job = await watch_job(gang.kube, gang.ns, "sh", shrunk, 90, "shrunk to 2")
+    st = job["status"]
+    assert st["lastRestart"]["trigger"]["detail"] == "resized 3 -> 2 (node lost, no capacity)"
+    assert st["restarts"]["counted"] == 0
+    pods = await gang.pods("sh")
+    assert {n: uids(pods)[n] for n in ("sh-0", "sh-1")} == {n: before[n] for n in ("sh-0", "sh-1")}
+    assert pods["sh-2"]["metadata"]["uid"] != before["sh-2"]  # recreated, and waiting
+    assert not pods["sh-2"]["spec"].get("nodeName")
+    shrunk_epoch = st["epoch"]
+    await gang.agents_at(shrunk_epoch, ["sh-0", "sh-1"])
+    for rank in (0, 1):
+        assert world_seen(gang.sim, f"sh-{rank}", "Process") == {
+            "GANGJOB_EPOCH": str(shrunk_epoch),
+            "RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "PET_NNODES": "2",
+        }
+
+    # Capacity returns: a new node; the waiting worker is placed and the gang grows back.
+    extra = f"{gang.ns}-n9"
+    new_node = kwok_node(extra, Options(gpus_per_node=2))
+    new_node["metadata"]["labels"]["gangjob-test"] = gang.ns
+    await gang.kube.create(NODES, new_node)
+    try:
+        job = await gang.running_at("sh", shrunk_epoch + 1, 3, timeout=90)
+        st = job["status"]
+        assert (st["worldSize"], st.get("dropped", [])) == (3, [])
+        assert st["lastRestart"]["trigger"]["detail"] == "resized 2 -> 3 (capacity returned)"
+        after = uids(await gang.pods("sh"))
+        assert {n: after[n] for n in ("sh-0", "sh-1")} == {n: before[n] for n in ("sh-0", "sh-1")}
+        assert after["sh-2"] == pods["sh-2"]["metadata"]["uid"]  # the pod that waited
+        await gang.agents_at(shrunk_epoch + 1, list(after))
+        for rank in range(3):
+            seen = world_seen(gang.sim, f"sh-{rank}", "Process")
+            assert (seen["RANK"], seen["WORLD_SIZE"]) == (str(rank), "3")
+    finally:
+        with contextlib.suppress(NotFound):
+            await gang.kube.delete(NODES, extra)

@@ -1,0 +1,370 @@
+"""A hypothesis state machine over an elastic gang (docs/design.md section 3.12): `plan`'s passes
+interleaved arbitrarily with resizes of `spec.replicas` within the bounds, nodes lost (and
+workers that then find no room, so that the gang shrinks, and grows back on a new node), trainers
+crashing, pods deleted by others, deletions that reach a pod's agent late, and the agents'
+own decisions (`agent.protocol`: `target_epoch`, `barrier`, `in_world`, `epoch_env`) starting
+trainers. Checked throughout:
+
+- a rank is never given to two workers (pod UIDs) in one epoch, every rank given is below the
+  epoch's `WORLD_SIZE`, and ranks are dense: the epoch's workers, in order, hold
+  `0..WORLD_SIZE-1` (workers lost without capacity dropped, `status.dropped`);
+- one bump per pass at most, and the world size changes only with a bump;
+- the barrier opens only with exactly the epoch's world arrived;
+- planning is repeatable, and a pass over the outcome of a pass repeats nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from datetime import timedelta
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from agent.protocol import (
+    Barrier,
+    JobState,
+    barrier,
+    dense_rank,
+    epoch_env,
+    in_world,
+    target_epoch,
+)
+from api.constants import ENV_RANK, ENV_WORLD_SIZE
+from api.v1alpha1 import GangJob, Phase, dump_gangjob, parse_gangjob
+from controller.policy import classify
+from controller.policy.plan import Observed, Plan, plan
+from controller.policy.views import NodeView, PodView
+from tests.unit.builders import T0, job_dict, make_node
+from tests.unit.test_protocol_machine import SimPod, _stamp
+
+MAX = 6
+NODES = ("node-0", "node-1", "node-2")
+CAPACITY = 2
+"""Pods a node holds: a lost node's workers may find no room, and the gang shrinks."""
+
+
+class ElasticMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = T0
+        self.pods: dict[str, SimPod] = {}
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.uids = itertools.count()
+        self.node_names = itertools.count(len(NODES))
+        self.obj: dict[str, Any] = {}
+        self.outages = 0
+        self.given: dict[int, dict[int, str]] = {}
+        """Epoch -> rank -> the UID of the pod whose trainer was given it."""
+        self.running: dict[str, int] = {}
+        """Pod UID -> the epoch its trainer was started at (one run per epoch)."""
+        self.worlds: dict[int, int] = {}
+        """Epoch -> its world size, as the status said it when first seen."""
+        self.resizes = 0
+        self.unschedulable: dict[str, str] = {}
+        """Pod UID -> when the scheduler found no node for it."""
+
+    @initialize(replicas=st.integers(1, MAX), barrier_timeout=st.sampled_from([60, 100000]))
+    def start(self, replicas: int, barrier_timeout: int) -> None:
+        self.obj = job_dict(
+            replicas,
+            restart={
+                "mode": "Process",
+                "maxRestarts": 1000,
+                "barrierTimeoutSeconds": barrier_timeout,
+            },
+            elastic={
+                "minReplicas": 1,
+                "maxReplicas": MAX,
+                "waitSeconds": 60,
+                "growAfterSeconds": 100,
+            },
+        )
+        self.nodes = {name: make_node(name) for name in NODES}
+
+    @property
+    def job(self) -> GangJob:
+        return parse_gangjob(self.obj)
+
+    @property
+    def finished(self) -> bool:
+        return self.job.status.phase in (Phase.SUCCEEDED, Phase.FAILED)
+
+    def render(self, pod: SimPod) -> dict[str, Any]:
+        out = pod.render()
+        since = self.unschedulable.get(pod.uid)
+        if pod.node is None and since is not None:
+            out["status"]["conditions"].append(
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "lastTransitionTime": since,
+                }
+            )
+        return out
+
+    def observe(self) -> Observed:
+        return Observed(
+            job=self.job,
+            pods=[PodView.from_pod(self.render(p)) for p in self.pods.values()],
+            nodes={name: NodeView.from_node(n) for name, n in self.nodes.items()},
+            service_exists=True,
+            now=self.now,
+        )
+
+    def healthy(self, node: str | None) -> bool:
+        if node is None or node not in self.nodes:
+            return False
+        return classify.node_lost(node, NodeView.from_node(self.nodes[node])) is None
+
+    def carry_out(self, result: Plan) -> None:
+        for delete in result.delete_pods:
+            pod = self.pods.get(delete.name)
+            if pod is None or pod.uid != delete.uid:
+                continue
+            if delete.grace_seconds == 0:
+                del self.pods[delete.name]
+            elif pod.deleted_at is None:
+                pod.deleted_at = self.now
+        for manifest in result.create_pods:
+            name = manifest["metadata"]["name"]
+            assert name not in self.pods, f"{name} created twice"
+            self.pods[name] = SimPod(
+                manifest=copy.deepcopy(manifest), uid=f"uid-{next(self.uids)}", created_at=self.now
+            )
+        written = self.job.model_copy(update={"status": result.status})
+        self.obj = dump_gangjob(written)
+
+    # --- the controller -------------------------------------------------------------------
+
+    @rule()
+    def reconcile(self) -> None:
+        before = self.observe()
+        old = before.job.status
+        result = plan(before)
+        assert plan(self.observe()) == result
+        new = result.status
+        assert old.epoch <= new.epoch <= old.epoch + 1
+        if old.world_size is not None and new.world_size != old.world_size:
+            assert new.epoch == old.epoch + 1, "the world changed without a bump"
+        if new.barrier_epoch != old.barrier_epoch:
+            assert new.barrier_epoch == new.epoch
+            size = before.job.spec.world_size
+            assert new.world_size == size - len(new.dropped)
+            deleted = {d.name for d in result.delete_pods}
+            members = sorted(
+                p.rank
+                for p in before.pods
+                if p.rank is not None
+                and not p.terminating
+                and p.name not in deleted
+                and p.arrived_epoch == new.epoch
+                and p.rank < size
+                and p.rank not in new.dropped
+            )
+            assert members == sorted(set(range(size)) - set(new.dropped)), members
+        self.carry_out(result)
+        again = plan(self.observe())
+        assert again.create_pods == []
+        assert again.status == self.job.status
+        assert again.restart_started is None
+
+    @precondition(lambda self: not self.finished and self.resizes < 6)
+    @rule(replicas=st.integers(1, MAX))
+    def resize(self, replicas: int) -> None:
+        """`gangjob scale`: the apiserver takes any size within the bounds."""
+        self.resizes += 1
+        self.obj["spec"]["replicas"] = replicas
+
+    # --- time, the kubelet, the agents -----------------------------------------------------
+
+    @rule(seconds=st.sampled_from([1, 30, 70, 130]))
+    def tick(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+    def room(self, node: str) -> bool:
+        held = sum(1 for p in self.pods.values() if p.node == node)
+        return self.healthy(node) and held < CAPACITY
+
+    @rule()
+    def kubelet(self) -> None:
+        """Deletions on healthy nodes end (the agent with them); pods are placed on a healthy
+        node with room, else found unschedulable, and run."""
+        for name, pod in list(self.pods.items()):
+            if pod.node is None and pod.deleted_at is None:
+                pod.node = next((n for n in sorted(self.nodes) if self.room(n)), None)
+                if pod.node is None:
+                    self.unschedulable.setdefault(pod.uid, _stamp(self.now))
+            if not self.healthy(pod.node):
+                continue
+            if pod.deleted_at is not None:
+                del self.pods[name]
+                self.running.pop(pod.uid, None)
+            elif pod.phase == "Pending":
+                pod.phase = "Running"
+                pod.ready = True
+                pod.trainer = {"running": {"startedAt": _stamp(self.now)}}
+
+    def _agent_alive(self, pod: SimPod) -> bool:
+        # A pod being deleted keeps its agent until its kubelet ends it (`kubelet`).
+        return pod.phase == "Running" and self.healthy(pod.node) and not self.finished
+
+    @rule()
+    def agents_arrive(self) -> None:
+        """Every live agent below the gang's epoch arrives at it (`target_epoch`)."""
+        epoch = self.job.status.epoch
+        for pod in self.pods.values():
+            if not self._agent_alive(pod):
+                continue
+            target = target_epoch(pod.arrived, epoch)
+            if target is not None:
+                pod.arrived = target
+                pod.exit_report = None
+
+    @rule()
+    def agents_start_trainers(self) -> None:
+        """Every live agent at an open barrier starts its trainer there, as `Agent` does:
+        unless it is outside the epoch's world (`in_world`), with `epoch_env`."""
+        state = JobState.from_object(self.obj)
+        for pod in self.pods.values():
+            if not self._agent_alive(pod) or pod.arrived is None:
+                continue
+            if barrier(state, pod.arrived) is not Barrier.OPEN:
+                continue
+            if self.running.get(pod.uid) == pod.arrived or pod.failed_at(pod.arrived):
+                continue
+            if not in_world(pod.rank, state):
+                continue
+            env = epoch_env(pod.arrived, dense_rank(pod.rank, state.dropped), state.world_size)
+            rank, world = int(env[ENV_RANK]), int(env[ENV_WORLD_SIZE])
+            self.worlds.setdefault(pod.arrived, world)
+            assert self.worlds[pod.arrived] == world, "two worlds in one epoch"
+            assert 0 <= rank < world
+            # Dense: the workers of the epoch, in order, hold ranks 0..world-1.
+            dropped = self.job.status.dropped
+            members = sorted(set(range(world + len(dropped))) - set(dropped))
+            assert len(members) == world
+            assert rank == members.index(pod.rank), (rank, pod.rank, dropped)
+            holder = self.given.setdefault(pod.arrived, {}).setdefault(rank, pod.uid)
+            assert holder == pod.uid, f"rank {rank} given twice at epoch {pod.arrived}"
+            self.running[pod.uid] = pod.arrived
+
+    @rule()
+    def gang_settles(self) -> None:
+        """The next few seconds, before any kubelet ends a deletion: passes, arrivals and
+        starts (where a surplus worker whose deletion has not reached it yet meets the new
+        epoch's open barrier)."""
+        self.reconcile()
+        self.agents_arrive()
+        self.reconcile()
+        self.agents_start_trainers()
+
+    @rule(data=st.data())
+    def trainer_crashes(self, data: st.DataObject) -> None:
+        running = sorted(uid for uid, e in self.running.items() if e == self.job.status.epoch)
+        if not running:
+            return
+        uid = data.draw(st.sampled_from(running))
+        pod = next((p for p in self.pods.values() if p.uid == uid), None)
+        if pod is None or pod.arrived is None:
+            return
+        pod.exit_report = f"{pod.arrived}:1"
+        del self.running[uid]
+
+    # --- infrastructure -------------------------------------------------------------------
+
+    @precondition(lambda self: self.outages < 3 and any(self.healthy(n) for n in self.nodes))
+    @rule(data=st.data())
+    def node_lost(self, data: st.DataObject) -> None:
+        node = data.draw(st.sampled_from(sorted(n for n in self.nodes if self.healthy(n))))
+        self.outages += 1
+        self.nodes[node]["spec"]["taints"] = [
+            {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}
+        ]
+        self.nodes[node]["status"]["conditions"] = [{"type": "Ready", "status": "Unknown"}]
+
+    @precondition(lambda self: len(self.nodes) < 5)
+    @rule()
+    def node_added(self) -> None:
+        name = f"node-{next(self.node_names)}"
+        self.nodes[name] = make_node(name)
+
+    @rule(data=st.data())
+    def pod_deleted_by_someone(self, data: st.DataObject) -> None:
+        live = sorted(name for name, p in self.pods.items() if p.deleted_at is None)
+        if live:
+            self.pods[data.draw(st.sampled_from(live))].deleted_at = self.now
+
+    @invariant()
+    def status_is_consistent(self) -> None:
+        if not self.obj:
+            return
+        status = self.job.status
+        assert status.barrier_epoch is None or status.barrier_epoch <= status.epoch
+        if status.world_size is not None:
+            assert 1 <= status.world_size <= MAX
+
+
+ElasticMachine.TestCase.settings = settings(
+    max_examples=200,
+    stateful_step_count=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestElasticMachine = ElasticMachine.TestCase
+
+
+class _Draw:
+    """`data.draw` answering one value, for a scripted run of the machine."""
+
+    def __init__(self, value: str) -> None:
+        self.value = value
+
+    def draw(self, _strategy: object) -> str:
+        return self.value
+
+
+def test_a_node_lost_without_capacity_shrinks_with_dense_ranks_and_grows_back() -> None:
+    """The machine's rarest path, scripted: 6 workers two a node; node-1 (workers 2, 3) is
+    lost and nothing has room for them; the gang goes on as 4, ranks dense; a node comes back
+    and, `growAfterSeconds` later, the gang is 6 again."""
+    m = ElasticMachine()
+    m.start(6, 100000)
+    for _ in range(3):
+        m.kubelet()
+        m.gang_settles()
+    m.node_lost(_Draw("node-1"))
+    m.gang_settles()
+    m.tick(70)  # its pods are force-deleted; the new ones find no room
+    for _ in range(2):
+        m.kubelet()
+        m.gang_settles()
+    m.tick(70)  # past waitSeconds
+    m.kubelet()
+    m.gang_settles()
+    status = m.job.status
+    assert (status.epoch, status.barrier_epoch, status.world_size) == (2, 2, 4)
+    assert status.dropped == [2, 3]
+    assert status.last_restart is not None
+    assert status.last_restart.trigger.detail == "resized 6 -> 4 (node lost, no capacity)"
+    first = m.given[0]
+    assert m.given[2] == {0: first[0], 1: first[1], 2: first[4], 3: first[5]}
+    m.node_added()
+    m.kubelet()
+    m.gang_settles()
+    assert m.job.status.epoch == 2  # placed, but growAfterSeconds have not passed
+    m.tick(130)
+    m.kubelet()
+    m.gang_settles()
+    m.gang_settles()
+    status = m.job.status
+    assert (status.epoch, status.barrier_epoch, status.world_size) == (3, 3, 6)
+    assert status.dropped == []
+    assert status.last_restart is not None
+    assert status.last_restart.trigger.detail == "resized 4 -> 6 (capacity returned)"
+    assert sorted(m.given[3]) == list(range(6))
+    assert {m.given[3][r] for r in (0, 1, 4, 5)} == {first[0], first[1], first[4], first[5]}
