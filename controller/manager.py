@@ -227,9 +227,13 @@ class Manager:
         return name if isinstance(name, str) else None
 
     def _on_report(self, key: str) -> None:
-        """An agent reported to the arrival endpoint. The last expected arrival of a restart
-        opens the barrier: its pass runs now, neither coalesced with other arrivals nor held
-        by the gang's pace; plan, reading the same book, decides as always."""
+        """An agent reported to the arrival endpoint. A trainer's exit is a failure: its pass is
+        queued at once. The last expected arrival of a restart opens the barrier: its pass runs
+        now, neither coalesced with other arrivals nor held by the gang's pace; plan, reading
+        the same book, decides as always. The other arrivals wait `REPORT_COALESCE`."""
+        if self.arrivals.take_failed(key):
+            self._enqueue(key)  # a trainer's exit (Process mode): a failure, looked at now
+            return
         if not self._barrier_due(key):
             self._enqueue(key, after=REPORT_COALESCE)
             return

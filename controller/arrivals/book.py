@@ -217,6 +217,9 @@ class ArrivalBook:
         ] = {}
         self._job_of: dict[tuple[str, str], str] = {}
         self._waiting: dict[str, Counter[int]] = {}
+        self._failed: set[str] = set()
+        """GangJobs a worker of which reported its trainer's exit since `take_failed` last
+        looked: a failure, for a pass at once rather than coalesced with arrivals."""
         self._listeners: list[Callable[[str, bool], None]] = []
         self._progress: dict[str, dict[str, ProgressReport]] = {}
         """Per GangJob (namespace/name), per pod name: the latest progress."""
@@ -244,6 +247,15 @@ class ArrivalBook:
             self._job_of[key] = job
             if report.waiting:
                 self._waiting.setdefault(job, Counter())[report.epoch] += 1
+            else:
+                self._failed.add(job)
+        return True
+
+    def take_failed(self, job: str) -> bool:
+        """Whether a worker of GangJob `job` reported an exit since the last call."""
+        if job not in self._failed:
+            return False
+        self._failed.discard(job)
         return True
 
     def waiting(self, job: str, epoch: int) -> int:

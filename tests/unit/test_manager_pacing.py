@@ -8,6 +8,7 @@ import asyncio
 import time
 from typing import cast
 
+from controller.arrivals.book import Report
 from controller.k8s import Kube
 from controller.manager import PACE_MAX, REPORT_COALESCE, Manager, Settings
 from controller.reconcile import Outcome
@@ -84,3 +85,20 @@ async def test_a_report_short_of_the_barrier_waits_a_second_and_the_last_one_non
     due = True
     manager._on_report(KEY)
     assert len(manager.queue) == 1
+
+
+async def test_a_reported_exit_is_planned_at_once() -> None:
+    # In Process mode the kubelet writes nothing for a trainer's exit: the agent's report is
+    # the failure, and waiting a second for it was a second added to every restart.
+    def manager_told(report: Report) -> Manager:
+        manager = Manager(cast(Kube, object()), Settings(metrics_address=None, health_address=None))
+        manager._barrier_due = lambda key: False  # type: ignore[method-assign]
+        manager.arrivals.record("ml", "llama-3", report, job=KEY)
+        manager._on_report(KEY)
+        return manager
+
+    arrived = manager_told(Report("u3", 4))
+    assert (len(arrived.queue), arrived.queue.waiting) == (0, 1)  # coalesced
+    failed = manager_told(Report("u3", 4, exit=(4, 1)))
+    assert len(failed.queue) == 1
+    assert not failed.arrivals.take_failed(KEY)  # told once
