@@ -3,14 +3,21 @@ watching only the test's namespace, with the CRD, RBAC and admission policy of m
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from localcluster.cluster import Cluster
-from localcluster.node import AGENT_IMAGE, Bridge
+from localcluster.node import AGENT_IMAGE, Bridge, ensure_trainer_image
 from localcluster.tools import REPO, ControllerProcess, controller_kubeconfig, install_crd, kubectl
+
+
+@pytest.fixture(scope="module")
+def trainer_image(node_cluster: Cluster) -> str:
+    """The PyTorch trainer image with the samples (manifests/samples/ddp), on the node."""
+    return ensure_trainer_image(node_cluster, sys.stderr)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ import datetime
 import json
 import re
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,6 @@ import yaml
 from controller.k8s import GANGJOBS, JsonDict, Kube
 from localcluster.chaos import kill_trainer
 from localcluster.cluster import Cluster
-from localcluster.node import ensure_trainer_image
 from localcluster.tools import REPO, ControllerProcess, kubectl
 from tests.integration.harness import gang_pods, watch_job
 
@@ -34,11 +32,6 @@ STEPS = 30
 EVERY = 5
 KILL_AFTER_STEP = 10  # a checkpoint at least this far exists when the trainer is killed
 LOG_LINE = re.compile(r"^(\d\d:\d\d:\d\d\.\d{3}) epoch=(\d+) rank=(\d+) (.*)$")
-
-
-@pytest.fixture(scope="module")
-def trainer_image(node_cluster: Cluster) -> str:
-    return ensure_trainer_image(node_cluster, sys.stderr)
 
 
 def sample_job(name: str, mode: str, checkpoints: Path, image: str) -> JsonDict:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,6 @@ from api.v1alpha1 import RoleState, parse_gangjob
 from controller.k8s import GANGJOBS, JsonDict, Kube
 from localcluster.chaos import kill_trainer
 from localcluster.cluster import Cluster
-from localcluster.node import ensure_trainer_image
 from localcluster.tools import REPO, ControllerProcess
 from tests.e2e.test_pytorch import wait_for_checkpoint
 from tests.integration.harness import gang_pods, watch_job
@@ -30,11 +28,6 @@ SAMPLE = REPO / "manifests" / "samples" / "pytorch-ddp-roles.yaml"
 STEPS = 30
 EVERY = 5
 KILL_AFTER_STEP = 10
-
-
-@pytest.fixture(scope="module")
-def trainer_image(node_cluster: Cluster) -> str:
-    return ensure_trainer_image(node_cluster, sys.stderr)
 
 
 def sample_job(checkpoints: Path, image: str) -> JsonDict:

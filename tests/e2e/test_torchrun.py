@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import signal
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,6 @@ import yaml
 from controller.k8s import CONFIGMAPS, GANGJOBS, PODS, JsonDict, Kube
 from localcluster.chaos import cmdline, container_pid, descendants
 from localcluster.cluster import Cluster
-from localcluster.node import ensure_trainer_image
 from localcluster.tools import REPO, ControllerProcess, kubectl
 from tests.e2e.test_pytorch import collect_logs, wait_for_checkpoint
 from tests.integration.harness import gang_pods, watch_job
@@ -39,11 +37,6 @@ KILL_AFTER_STEP = 10
 TORCHRUN = "bin/torchrun"
 """In torchrun's command line (`/usr/bin/python3 /usr/local/bin/torchrun train.py`), not in its
 workers' (`/usr/bin/python3 -u train.py`)."""
-
-
-@pytest.fixture(scope="module")
-def trainer_image(node_cluster: Cluster) -> str:
-    return ensure_trainer_image(node_cluster, sys.stderr)
 
 
 def sample_job(name: str, mode: str, checkpoints: Path, image: str) -> JsonDict:

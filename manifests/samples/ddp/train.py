@@ -12,14 +12,18 @@ Process mode, else the file $GANGJOB_DIR/epoch the agent writes when the barrier
   at all), chosen by rank 0 and broadcast so every rank loads the same one;
 - trains a tiny regression model for TRAIN_STEPS steps, checkpointing every CHECKPOINT_EVERY
   steps and logging `epoch=.. rank=.. step=.. loss=..` for each. Beside the checkpoints,
-  `latest.json` tells the step, the epoch and the step this epoch resumed from;
+  `latest.json` tells the step, the epoch, the world size and the step this epoch resumed from;
+- shards each step's global batch (GLOBAL_BATCH rows, the same whichever epoch computes it) by
+  the epoch's world size: after an elastic gang's resize (docs/api.md "Elastic gangs") the
+  ranks of the new world cut the same data anew and training goes on from the checkpoint;
 - reports each step to GangJob with the helper the agent puts on its path (`gangjob_progress`:
   the step, this rank's own compute time in it, the last checkpoint), so that the controller
   sees a hung rank and counts what a restart cost (docs/api.md "Progress"). Outside a GangJob
   the helper is absent and nothing is reported.
 
 Settings (env): TRAIN_STEPS (60), CHECKPOINT_EVERY (5), STEP_SECONDS (0.2: a pause per step that
-stands in for real work, so a demo can be watched), CHECKPOINT_DIR (/checkpoints/$GANGJOB_NAME),
+stands in for real work, so a demo can be watched), GLOBAL_BATCH (96), CHECKPOINT_DIR
+(/checkpoints/$GANGJOB_NAME),
 RENDEZVOUS_TIMEOUT_SECONDS (120). Exits 0 when training is done. On an error, its last line goes
 to the termination log (TERMINATION_LOG, /dev/termination-log) for the failure policy's
 `onMessagePatterns`.
@@ -50,7 +54,6 @@ except ImportError:  # not run by GangJob
     gangjob_progress = None
 
 FEATURES = 16
-BATCH = 32
 CHECKPOINT = re.compile(r"^ckpt-(\d{8})\.pt$")
 KEEP_CHECKPOINTS = 3
 
@@ -107,7 +110,13 @@ def latest_checkpoint(directory: Path) -> int:
 
 
 def save_checkpoint(
-    directory: Path, step: int, epoch: int, resumed_from: int, model: nn.Module, opt: MomentumSGD
+    directory: Path,
+    step: int,
+    epoch: int,
+    resumed_from: int,
+    world_size: int,
+    model: nn.Module,
+    opt: MomentumSGD,
 ) -> None:
     final = directory / f"ckpt-{step:08d}.pt"
     tmp = final.with_name(final.name + ".tmp")
@@ -116,6 +125,7 @@ def save_checkpoint(
             "step": step,
             "epoch": epoch,
             "resumed_from": resumed_from,
+            "world_size": world_size,
             "model": model.state_dict(),
             "optimizer": opt.state_dict(),
         },
@@ -125,7 +135,13 @@ def save_checkpoint(
         os.fsync(fh.fileno())
     os.replace(tmp, final)  # atomic: readers see the whole file or none
     # A small summary beside it, for people and tests that have no torch to read a checkpoint.
-    summary = {"step": step, "epoch": epoch, "resumed_from": resumed_from, "time": time.time()}
+    summary = {
+        "step": step,
+        "epoch": epoch,
+        "resumed_from": resumed_from,
+        "world_size": world_size,
+        "time": time.time(),
+    }
     tmp_json = directory / "latest.json.tmp"
     tmp_json.write_text(json.dumps(summary) + "\n")
     os.replace(tmp_json, directory / "latest.json")
@@ -159,12 +175,16 @@ class MomentumSGD:
             buf.copy_(saved)
 
 
-def batch(step: int, rank: int, true_w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Synthetic data, the same for a (step, rank) whichever epoch computes it."""
-    gen = torch.Generator().manual_seed(step * 1000 + rank)
-    x = torch.randn(BATCH, FEATURES, generator=gen)
-    y = x @ true_w + 0.01 * torch.randn(BATCH, 1, generator=gen)
-    return x, y
+def batch(
+    step: int, rank: int, world_size: int, rows: int, true_w: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's shard of the step's global batch: synthetic data, the same for a step
+    whichever epoch and world size compute it, cut into `world_size` shards (every
+    world_size-th row from `rank`), as a sampler shards a dataset by the world of the run."""
+    gen = torch.Generator().manual_seed(step)
+    x = torch.randn(rows, FEATURES, generator=gen)
+    y = x @ true_w + 0.01 * torch.randn(rows, 1, generator=gen)
+    return x[rank::world_size], y[rank::world_size]
 
 
 def main() -> int:
@@ -173,6 +193,7 @@ def main() -> int:
     steps = env_int("TRAIN_STEPS", 60)
     every = env_int("CHECKPOINT_EVERY", 5)
     pause = float(os.environ.get("STEP_SECONDS", "0.2"))
+    rows = env_int("GLOBAL_BATCH", 96)
     job = os.environ.get("GANGJOB_NAME", "ddp")
     ckpt_dir = Path(os.environ.get("CHECKPOINT_DIR", f"/checkpoints/{job}"))
     ckpt_dir.mkdir(parents=True, exist_ok=True)
@@ -195,9 +216,8 @@ def main() -> int:
         state = torch.load(ckpt_dir / f"ckpt-{start:08d}.pt", weights_only=True)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
-        log(
-            epoch, rank, f"resumed from checkpoint step={start} (written at epoch {state['epoch']})"
-        )
+        written = f"written at epoch {state['epoch']}, world size {state.get('world_size', '?')}"
+        log(epoch, rank, f"resumed from checkpoint step={start} ({written})")
     else:
         log(epoch, rank, "no checkpoint: starting at step=0")
     ddp = DistributedDataParallel(model)
@@ -206,7 +226,7 @@ def main() -> int:
     checkpointed = start
     for step in range(start + 1, steps + 1):
         began = time.perf_counter()
-        x, y = batch(step, rank, true_w)
+        x, y = batch(step, rank, world_size, rows, true_w)
         loss = nn.functional.mse_loss(ddp(x), y)
         time.sleep(pause)  # stands in for the real work of a step
         compute = time.perf_counter() - began  # this rank's own work, before the all-reduce
@@ -215,7 +235,7 @@ def main() -> int:
         log(epoch, rank, f"step={step} loss={loss.item():.5f}")
         if step % every == 0 or step == steps:
             if rank == 0:
-                save_checkpoint(ckpt_dir, step, epoch, start, model, opt)
+                save_checkpoint(ckpt_dir, step, epoch, start, world_size, model, opt)
                 log(epoch, rank, f"checkpoint step={step}")
             dist.barrier()  # no rank runs ahead of a checkpoint it might need to resume from
             checkpointed = step
