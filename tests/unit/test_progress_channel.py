@@ -20,7 +20,7 @@ from agent.agent import Agent, Step
 from agent.apiclient import ApiError, HttpClient
 from agent.config import Config, ConfigError
 from agent.direct import progress_body
-from agent.monitor import ProgressMonitor
+from agent.monitor import ProgressMonitor, proc_state
 from agent.progress import ComputeWindow, Reading, Summary
 from api.constants import (
     PROGRESS_FILE,
@@ -161,6 +161,12 @@ async def test_a_summary_says_what_the_agent_sees_of_the_trainers_processes(
     trainer = subprocess.Popen(["sleep", "60"])  # noqa: ASYNC220 - returns at once
     try:
         os.kill(trainer.pid, signal.SIGSTOP)  # as a wedged device or a debugger leaves it
+        # The signal takes hold when the child next runs: on a loaded machine, a moment later.
+        for _ in range(100):
+            seen = proc_state(trainer.pid)
+            if seen is not None and seen.state == "T":
+                break
+            await asyncio.sleep(0.05)
         await run.ticks(2, step=3, pid=trainer.pid)
         last = run.sent.summaries[-1]
         assert (last.step, last.trainer_state) == (4, "T")
