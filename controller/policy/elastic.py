@@ -103,8 +103,9 @@ def resize(p: Pass) -> bool:
     if elastic is None:
         return False
     dropped = sorted(p.dropped())
-    why = WHY_REPLICAS
-    if workers - len(dropped) == old and set(dropped) == set(p.status.dropped):
+    if workers - len(dropped) == old:
+        # The same workers as before (a new `replicas` took away only dropped ones): the
+        # gang may grow back, or else go on without workers that cannot be placed.
         added = _to_add(p, dropped)
         if added:
             dropped = [d for d in dropped if d not in added]
@@ -113,8 +114,28 @@ def resize(p: Pass) -> bool:
             lost = _to_drop(p, old, elastic.min_replicas)
             dropped = sorted({*dropped, *lost})
             why = WHY_NO_CAPACITY
+    else:
+        # `replicas` changed: dropped workers placed since, and workers of the new size that
+        # cannot be placed, go with it in one bump; else the next pass, over the same world,
+        # would bump again for them.
+        reasons = [WHY_REPLICAS]
+        added = _to_add(p, dropped)
+        if added:
+            dropped = [d for d in dropped if d not in added]
+            reasons.append(WHY_CAPACITY)
+        lost = _to_drop(p, workers - len(dropped), elastic.min_replicas)
+        if lost:
+            dropped = sorted({*dropped, *lost})
+            reasons.append(WHY_NO_CAPACITY)
+        why = "; ".join(reasons)
     world = workers - len(dropped)
-    if world == old and dropped == sorted(p.status.dropped):
+    if world == old and dropped == sorted(p.dropped()):
+        # No worker joins or leaves the world: no bump. Dropped workers past a smaller size
+        # leave the list, and their pods go.
+        if dropped != sorted(p.status.dropped):
+            for pod in surplus(p.job, p.status, p.gang.strays):
+                p.delete(pod, REASON_WORKER_REMOVED)
+            p.status.dropped = dropped
         return False
     for pod in surplus(p.job, p.status, p.gang.strays):
         p.delete(pod, REASON_WORKER_REMOVED)
