@@ -134,8 +134,9 @@ async def test_gang_of_4_runs_with_its_pods_and_headless_service(
     assert svc["spec"]["selector"] == {LABEL_NAME: "ddp"}
     # The printer columns of the CRD, as `kubectl get gj` shows them.
     out = kubectl(sim_cluster, "-n", namespace, "get", "gj")
-    assert out.split("\n")[0].split() == ["NAME", "PHASE", "READY", "EPOCH", "RESTARTS", "AGE"]
-    assert out.split("\n")[1].split()[:4] == ["ddp", "Running", "4", "0"]
+    header = ["NAME", "PHASE", "READY", "EPOCH", "WORLD", "RESTARTS", "AGE"]
+    assert out.split("\n")[0].split() == header
+    assert out.split("\n")[1].split()[:5] == ["ddp", "Running", "4", "0", "4"]
     assert controller.metric("controller_runtime_reconcile_total") > 0
     assert controller.metric("controller_runtime_max_concurrent_reconciles") >= 1
 
