@@ -291,9 +291,11 @@ worker's `RANK` is its number less the dropped workers below it. Once a dropped 
 placed, it rejoins at a new epoch, `resized 7 -> 8 (capacity returned)`, at most once per
 `elastic.growAfterSeconds`. Keep `waitSeconds` below `restart.barrierTimeoutSeconds`.
 
-Not built yet: spares; resizing a job queued by Kueue is not guarded. With gang scheduling, the
-PodGroup's `minCount` is `minReplicas` (the group `<job>-of-<minReplicas>`), so a resized gang
-keeps its PodGroup.
+A job queued by Kueue (label `kueue.x-k8s.io/queue-name`) keeps the size Kueue admitted: the
+admission policy of `manifests/policy` (`gangjob-queued-size`) refuses a new `replicas` for it;
+it still shrinks and grows for capacity, which keeps its pods. Not built yet: spares. With gang
+scheduling, the PodGroup's `minCount` is `minReplicas` (the group `<job>-of-<minReplicas>`), so
+a resized gang keeps its PodGroup.
 """
 
 

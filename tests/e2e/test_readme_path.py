@@ -217,6 +217,8 @@ async def test_the_readme_path_restarts_a_failed_worker_in_place(
         ("clusterrole", "gangjob-worker"),
         ("validatingadmissionpolicy", "gangjob-worker-pods"),
         ("validatingadmissionpolicybinding", "gangjob-worker-pods"),
+        ("validatingadmissionpolicy", "gangjob-queued-size"),
+        ("validatingadmissionpolicybinding", "gangjob-queued-size"),
     ):
         got = kubectl(node_cluster, "get", kind, "--ignore-not-found", "-o", "name", name)
         assert got.strip() == "", f"make uninstall left {kind}/{name}"

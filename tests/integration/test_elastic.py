@@ -7,15 +7,30 @@ no room for its worker shrinks the gang, and a new node grows it back."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
 
 import pytest
 
 from agent.protocol import read_world_file
-from controller.k8s import CORE_EVENTS, GANGJOBS, NODES, PODS, Invalid, JsonDict, NotFound
-from localcluster.cluster import Options, kwok_node
+from api.builders import gangjob
+from api.constants import KUEUE_QUEUE_NAME_LABEL
+from controller.k8s import (
+    CORE_EVENTS,
+    GANGJOBS,
+    NODES,
+    PODS,
+    ApiError,
+    Invalid,
+    JsonDict,
+    Kube,
+    NotFound,
+)
+from localcluster.cluster import Cluster, Options, kwok_node
 from localcluster.simkubelet import SimKubelet
-from tests.integration.harness import watch_job
+from localcluster.tools import REPO, kubectl
+from tests.integration.harness import install_crd, watch_job
 from tests.integration.test_restart import (  # noqa: F401 (fixtures)
     Gang,
     _lose_node,
@@ -198,3 +213,36 @@ async def test_a_node_lost_without_capacity_shrinks_the_gang_and_it_grows_back(
     finally:
         with contextlib.suppress(NotFound):
             await gang.kube.delete(NODES, extra)
+
+
+async def test_a_job_queued_by_kueue_keeps_the_size_kueue_admitted(
+    sim_cluster: Cluster, sim_kube: Kube, namespace: str
+) -> None:
+    # Kueue admits a queued job's pods as a group of a fixed count: manifests/policy refuses a
+    # new `replicas` for it (a CRD's CEL sees no labels), and leaves an unqueued one alone.
+    await install_crd(sim_kube)
+    kubectl(sim_cluster, "apply", "-k", str(REPO / "manifests" / "policy"))
+    elastic = {"elastic": {"minReplicas": 1, "maxReplicas": 4}, "suspend": True}
+    for name, labels in (("queued", {KUEUE_QUEUE_NAME_LABEL: "team-a"}), ("free", {})):
+        body = gangjob(
+            name, 2, labels=labels, image="localhost/busybox:dev", command=["sleep", "1"],
+            spec=elastic,
+        )  # fmt: skip
+        await sim_kube.create(GANGJOBS, body, namespace)
+    await sim_kube.patch(GANGJOBS, "free", {"spec": {"replicas": 3}}, namespace)
+    deadline = time.monotonic() + 90  # a policy just applied takes a moment to be in force
+    refused = ""
+    while not refused and time.monotonic() < deadline:
+        try:
+            await sim_kube.patch(GANGJOBS, "queued", {"spec": {"replicas": 3}}, namespace)
+            await sim_kube.patch(GANGJOBS, "queued", {"spec": {"replicas": 2}}, namespace)
+            await asyncio.sleep(0.5)
+        except ApiError as error:
+            refused = error.message
+    assert "ValidatingAdmissionPolicy 'gangjob-queued-size'" in refused, refused
+    assert "spec.replicas: a GangJob queued by Kueue" in refused
+    assert "resizing a queued job is not supported" in refused
+    # Anything else of it may still change.
+    await sim_kube.patch(
+        GANGJOBS, "queued", {"metadata": {"annotations": {"note": "x"}}}, namespace
+    )
