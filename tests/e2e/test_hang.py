@@ -87,12 +87,15 @@ async def test_a_worker_that_stops_reporting_restarts_the_gang_in_place_as_a_han
     assert (last["step"], last["checkpointStep"], last["lostSteps"]) == (5, 3, 2), last
     assert uids(await gang_pods(node_kube, ns, "hang")) == before  # in place: the same pods
     # Rank 2 never reported and rank 1 reports again: no more restarts. Rank 0's malformed line
-    # of this epoch is counted once its summary comes in (at most 30 s apart).
+    # of this epoch is counted once its summary comes in, and both ranks are counted once both
+    # summaries are in (the epoch's first summary is written at once, whichever rank sent it;
+    # the rest at most 30 s later).
     job = await watch_job(
         node_kube, ns, "hang",
         lambda j: (j["status"].get("progress") or {}).get("malformedLines", 0) >= 1
+        and (j["status"].get("progress") or {}).get("reporting", 0) >= 2
         and j["status"]["epoch"] == 1,
-        timeout=120, what="the malformed line counted at epoch 1",
+        timeout=120, what="the malformed line and both reporting ranks counted at epoch 1",
     )  # fmt: skip
     progress = job["status"]["progress"]
     assert progress["reporting"] == 2, progress  # ranks 0 and 1; rank 2 never reports
