@@ -13,6 +13,7 @@ import pytest
 from controller.k8s import GANGJOBS, Invalid, JsonDict, Kube
 from tests.integration.harness import gangjob, install_crd, watch_job
 from tests.integration.test_restart import Gang, _phase, ctl_kubeconfig, gang
+from tests.waiting import wait_for_pods
 
 __all__ = ["ctl_kubeconfig", "gang"]  # the fixtures, shared
 
@@ -53,10 +54,15 @@ async def test_the_deadline_fails_the_job_counting_time_spent_restarting(gang: G
     assert (ended - started).total_seconds() >= DEADLINE
     detected = when(st["lastRestart"]["detectedAt"])
     assert (ended - detected).total_seconds() < DEADLINE
-    # The running workers were stopped in place (cleanPodPolicy None), not deleted.
-    pods = await gang.pods("late")
-    assert sorted(pods) == ["late-0", "late-1"]
-    assert all(p["spec"].get("activeDeadlineSeconds") == 1 for p in pods.values())
+    # The running workers were stopped in place (cleanPodPolicy None), not deleted: the pass
+    # writes the status first, then stops the pods, so the stops may come a moment after it.
+    stopped = await wait_for_pods(
+        gang.kube, gang.ns,
+        lambda ps: sum(p["spec"].get("activeDeadlineSeconds") == 1 for p in ps) == 2,
+        30, "both workers stopped in place",
+    )  # fmt: skip
+    names = [p["metadata"]["name"] for p in stopped if p["spec"].get("activeDeadlineSeconds")]
+    assert sorted(names) == ["late-0", "late-1"]
 
 
 async def test_a_termination_message_rule_fails_the_job(gang: Gang) -> None:
