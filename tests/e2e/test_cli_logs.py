@@ -14,7 +14,7 @@ from api import builders
 from controller.k8s import GANGJOBS, PODS, Kube
 from localcluster.cluster import Cluster
 from localcluster.tools import ControllerProcess, kubectl
-from tests.integration.harness import watch_job
+from tests.integration.harness import watch_finished
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -46,11 +46,7 @@ async def test_logs_follow_one_rank_across_an_in_place_restart(
         str(GANGJOB), "logs", "--kubeconfig", kubeconfig, "-n", ns, "logs", "--rank", "1", "-f",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
-    job = await watch_job(
-        node_kube, ns, "logs",
-        lambda j: (j.get("status") or {}).get("phase") in ("Succeeded", "Failed"),
-        timeout=180, what="finished",
-    )  # fmt: skip
+    job = await watch_finished(node_kube, ns, "logs", 180)
     assert job["status"]["phase"] == "Succeeded"
     assert job["status"]["restarts"]["inPlace"] == 1, job["status"]
     # `logs -f` ends by itself once the job has ended.
@@ -87,11 +83,7 @@ async def test_a_finished_job_keeps_its_pods_stopped_and_their_logs(
         spec={"successPolicy": "Rank0"},
     )  # fmt: skip
     await node_kube.create(GANGJOBS, job, ns)
-    done = await watch_job(
-        node_kube, ns, name,
-        lambda j: (j.get("status") or {}).get("phase") in ("Succeeded", "Failed"),
-        timeout=180, what="finished",
-    )  # fmt: skip
+    done = await watch_finished(node_kube, ns, name, 180)
     assert done["status"]["phase"] == "Succeeded"
     # Rank 1 was running: it is stopped by the kubelet, its pod kept (cleanPodPolicy: None).
     stopped = await wait_for(

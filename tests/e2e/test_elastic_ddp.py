@@ -17,7 +17,7 @@ from controller.k8s import GANGJOBS, JsonDict, Kube
 from localcluster.cluster import Cluster
 from localcluster.tools import ControllerProcess
 from tests.e2e.test_pytorch import collect_logs, sample_job, wait_for_checkpoint
-from tests.integration.harness import gang_pods, watch_job
+from tests.integration.harness import gang_pods, watch_finished, watch_job
 
 pytestmark = pytest.mark.e2e
 
@@ -80,11 +80,7 @@ async def test_the_ddp_sample_survives_a_shrink_and_a_grow_in_place(
             p["metadata"]["name"]: p["metadata"]["uid"]
             for p in await gang_pods(node_kube, ns, name)
         }
-        job = await watch_job(
-            node_kube, ns, name,
-            lambda j: j.get("status", {}).get("phase") in ("Succeeded", "Failed"),
-            timeout=180, what="finished",
-        )  # fmt: skip
+        job = await watch_finished(node_kube, ns, name, 180)
     finally:
         collector.cancel()
         with contextlib.suppress(asyncio.CancelledError):

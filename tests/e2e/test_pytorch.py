@@ -23,7 +23,7 @@ from controller.k8s import GANGJOBS, JsonDict, Kube
 from localcluster.chaos import kill_trainer
 from localcluster.cluster import Cluster
 from localcluster.tools import REPO, ControllerProcess, kubectl
-from tests.integration.harness import gang_pods, watch_job
+from tests.integration.harness import gang_pods, watch_finished, watch_job
 
 pytestmark = pytest.mark.e2e
 
@@ -106,11 +106,7 @@ async def test_ddp_resumes_from_its_checkpoint_after_a_trainer_is_killed(
     logs: dict[str, str] = {}
     collector = asyncio.create_task(collect_logs(node_cluster, ns, f"{name}-1", logs))
     try:
-        job = await watch_job(
-            node_kube, ns, name,
-            lambda j: j.get("status", {}).get("phase") in ("Succeeded", "Failed"),
-            timeout=180, what="finished",
-        )  # fmt: skip
+        job = await watch_finished(node_kube, ns, name, 180)
     finally:
         collector.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -20,7 +20,7 @@ from localcluster.chaos import kill_trainer
 from localcluster.cluster import Cluster
 from localcluster.tools import REPO, ControllerProcess
 from tests.e2e.test_pytorch import wait_for_checkpoint
-from tests.integration.harness import gang_pods, watch_job
+from tests.integration.harness import gang_pods, watch_finished
 
 pytestmark = pytest.mark.e2e
 
@@ -78,11 +78,7 @@ async def test_two_role_sample_survives_a_killed_worker_and_succeeds(
     uids = {n: p["metadata"]["uid"] for n, p in pods.items()}
 
     await asyncio.to_thread(kill_trainer, node_cluster, pods[f"{name}-worker-1"])
-    job = await watch_job(
-        node_kube, ns, name,
-        lambda j: j.get("status", {}).get("phase") in ("Succeeded", "Failed"),
-        timeout=240, what="finished",
-    )  # fmt: skip
+    job = await watch_finished(node_kube, ns, name, 240)
     st = job["status"]
     assert st["phase"] == "Succeeded", st
     assert st["epoch"] == 1

@@ -24,7 +24,7 @@ from localcluster.chaos import cmdline, container_pid, descendants
 from localcluster.cluster import Cluster
 from localcluster.tools import REPO, ControllerProcess, kubectl
 from tests.e2e.test_pytorch import collect_logs, wait_for_checkpoint
-from tests.integration.harness import gang_pods, watch_job
+from tests.integration.harness import gang_pods, watch_finished, watch_job
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -151,11 +151,7 @@ async def test_torchrun_sample_survives_a_killed_local_worker(
                 assert not alive(pid, cmd), (pid, cmd)
         for before_tree, after_tree in zip(old, new, strict=True):
             assert set(after_tree["torchrun"]).isdisjoint(before_tree["torchrun"])
-        job = await watch_job(
-            node_kube, ns, name,
-            lambda j: (j.get("status") or {}).get("phase") in ("Succeeded", "Failed"),
-            timeout=240, what="finished",
-        )  # fmt: skip
+        job = await watch_finished(node_kube, ns, name, 240)
     finally:
         collector.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -256,11 +252,7 @@ async def test_a_torchrun_node_that_succeeded_restarts_in_place_when_another_fai
     holding = await holding_sleep(node_cluster, node_kube, ns, f"{name}-1")
     os.kill(holding, signal.SIGKILL)
 
-    done = await watch_job(
-        node_kube, ns, name,
-        lambda j: (j.get("status") or {}).get("phase") in ("Succeeded", "Failed"),
-        timeout=300, what="finished",
-    )  # fmt: skip
+    done = await watch_finished(node_kube, ns, name, 300)
     st = done["status"]
     assert st["phase"] == "Succeeded", st
     assert st["epoch"] == 1

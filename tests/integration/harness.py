@@ -77,5 +77,14 @@ async def watch_job(
     return await wait_for(kube, GANGJOBS, name, ns, predicate, timeout=timeout, what=what)
 
 
+async def watch_finished(kube: Kube, ns: str, name: str, timeout: float) -> JsonDict:
+    """The GangJob once it has ended, Succeeded or Failed."""
+    return await watch_job(
+        kube, ns, name,
+        lambda j: (j.get("status") or {}).get("phase") in ("Succeeded", "Failed"),
+        timeout, "finished",
+    )  # fmt: skip
+
+
 def phase_is(phase: str) -> Callable[[JsonDict], bool]:
     return lambda job: job.get("status", {}).get("phase") == phase
