@@ -420,3 +420,27 @@ def test_a_smaller_size_that_only_takes_dropped_workers_is_no_bump() -> None:
     if m.job.status.last_restart is not None:
         details.append(m.job.status.last_restart.trigger.detail)
     assert not any("2 -> 2" in (d or "") for d in details), details
+
+
+def test_the_stuck_cause_of_a_worker_its_barrier_timeout_recreates_is_planned_once() -> None:
+    # Found by the machine: 4 workers, every node lost; worker 0's new pod found no node for
+    # waitSeconds (ElasticAtMinimum: it holds MASTER_ADDR), and the same pass's barrier
+    # timeout deleted it. Stuck was judged over the deleted pod, so the next pass, seeing no
+    # pod, named another cause (BarrierStalled) for the same world.
+    m = ElasticMachine()
+    m.start(replicas=1, barrier_timeout=60)
+    m.resize(replicas=4)
+    m.reconcile()
+    m.kubelet()
+    m.agents_arrive()
+    m.node_lost(_Draw("node-0"))
+    m.pod_deleted_by_someone(_Draw("llama-0"))
+    m.node_lost(_Draw("node-1"))
+    m.node_lost(_Draw("node-2"))
+    m.tick(70)
+    m.reconcile()
+    m.kubelet()
+    m.tick(130)
+    m.reconcile()  # replans its own outcome: the same status
+    stuck = next(c for c in m.job.status.conditions if c.type == "Stuck")
+    assert stuck.reason == "BarrierStalled"
