@@ -257,7 +257,10 @@ refuses any change of `replicas`, as before. `elastic` is for a job written with
 
 A change takes effect at the next epoch, in place: the surplus workers (the highest ranks) are
 stopped and their pods deleted, new workers are created at the next free ranks, and every kept
-worker restarts in place (same pod, same UID) with the new world. The restart is recorded as
+worker restarts in place (same pod, same UID) with the new world. A grow makes its new pods
+first, while the gang trains on: the epoch is raised once every new worker's pod runs and its
+agent waits (or, after `elastic.waitSeconds` Unschedulable, without that worker), so the gang
+stops only for an in-place restart. The restart is recorded as
 class `Resized` (not counted against `maxRestarts`), its detail `resized 8 -> 6 (replicas
 changed)`, in `status.lastRestart`, `status.history` and the `GangRestarting` Event.
 `status.worldSize` (column `World`) is the size of the current epoch.

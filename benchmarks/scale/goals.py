@@ -35,6 +35,8 @@ IN_A_ROW, IN_A_ROW_AT, IN_A_ROW_SLOWER_MAX = 10, 1000, 1.20
 RSS_GROWTH_MAX_MIB, RSS_GROWTH_MAX_SHARE = 10.0, 0.05
 """The controller's RSS after the last of them against after the first: flat if it grew by at
 most the larger of these (the allocator's and the caches' settling, not accumulation)."""
+RESIZE_OVER_IN_PLACE_MAX, RESIZE_AT = 1.5, 1000
+"""Each resize by `replicas` (N -> 0.8 N -> N) against an in-place restart, same run."""
 PROCESS_MAX_S, PROCESS_AT = 3.0, 5000
 """Process mode in place, the trainer's exit -> barrier written, median."""
 
@@ -223,6 +225,24 @@ def node_lost(results: Results, settings: Settings) -> list[Verdict]:
     return [Verdict(goal, nl <= limit, figures, slowest(res, "node-lost"))]
 
 
+def resize(results: Results) -> list[Verdict]:
+    """Each resize row within `RESIZE_OVER_IN_PLACE_MAX` of in place; not measured unless the
+    run took `resize`."""
+    res, why = _at(results, RESIZE_AT)
+    ip = median(res, "in-place") if res else None
+    out = []
+    for row in ("resize-down", "resize-up"):
+        goal = f"{row} within {RESIZE_OVER_IN_PLACE_MAX:g}x of in place at N={RESIZE_AT}"
+        t = median(res, row) if res else None
+        if res is None or t is None or ip is None:
+            out.append(Verdict(goal, None, "", why or f"{row} or in-place not measured"))
+            continue
+        ratio = t / ip
+        figures = f"{t:.2f} s / {ip:.2f} s = {ratio:.2f}x"
+        out.append(Verdict(goal, ratio <= RESIZE_OVER_IN_PLACE_MAX, figures, slowest(res, row)))
+    return out
+
+
 def controller_rss(results: Results) -> list[Verdict]:
     goal = f"controller RSS <= {RSS_MAX_MIB:g} MiB at N={RSS_AT}"
     res, why = _at(results, RSS_AT)
@@ -350,6 +370,7 @@ def verdicts(results: list[dict[str, Any]], settings: Settings) -> list[Verdict]
         lambda: ratios(by_n, settings),
         lambda: controller_share(by_n),
         lambda: node_lost(by_n, settings),
+        lambda: resize(by_n),
         lambda: controller_rss(by_n),
         lambda: api_requests(by_n),
         lambda: process_mode(by_n),

@@ -384,10 +384,11 @@ RESIZE_SHARE = 0.8
 
 
 async def resize(w: World, tracker: JobTracker, rep: int, gang: str) -> list[dict[str, Any]]:
-    """An elastic gang resized by `replicas`, N -> 0.8 N -> N, each in place: from the patch
-    to the barrier of the new epoch written (as an in-place restart's span, from its failure
-    visible), then every agent of the new size past it (rows `resize-down`, `resize-up`; the
-    kept pods restart in place, the surplus go, the new ones are created)."""
+    """An elastic gang resized by `replicas`, N -> 0.8 N -> N, each in place (rows
+    `resize-down`, `resize-up`; the kept pods restart in place, the surplus go, the new ones
+    are created). Its time is what the gang stops training for, as an in-place restart's: from
+    the new epoch written (the kept trainers stop) to its barrier written; a grow's new pods
+    are created and started before that, while the gang trains on (step `injected->epoch`)."""
     n = w.n
     down = max(1, int(n * RESIZE_SHARE))
     return [
@@ -417,7 +418,7 @@ async def _resize_to(
     }
     row = await measure_restart(
         w, tracker, mode, rep, inject, checks, ["epoch", "barrier", "open"], w.timeout(0.2),
-        state, between("injected", "barrier"),
+        state, between("epoch", "barrier"),
     )  # fmt: skip
     row["size"] = size
     if size == w.n:

@@ -47,12 +47,14 @@ def last_elastic_change(records: list[RestartRecord]) -> datetime | None:
     return None
 
 
-def _to_drop(p: Pass, world: int, minimum: int) -> list[int]:
+def _to_drop(p: Pass, world: int, minimum: int, bumping: bool = False) -> list[int]:
     """Workers the gang waits for at a shut barrier whose pods found no node for
     `waitSeconds`: as many as keep the world at `minimum` or above; never the coordinator
     (worker 0 unless `spec.coordinator` says), whose pod is `MASTER_ADDR`. Requeues the pass
-    for when the next would be due."""
-    if p.status.barrier_epoch == p.status.epoch:
+    for when the next would be due. With the barrier open, only when this pass bumps anyway
+    (`bumping`, a change of `replicas`): the bump takes them, or the next pass, behind the
+    shut barrier, would bump again for them."""
+    if p.status.barrier_epoch == p.status.epoch and not bumping:
         return []
     elastic = p.job.spec.elastic
     assert elastic is not None
@@ -90,6 +92,33 @@ def _to_add(p: Pass, dropped: list[int]) -> list[int]:
     return placed
 
 
+def _joiners_pending(p: Pass, spanned: int) -> bool:
+    """Whether a grow by `replicas` waits for the workers it adds (numbers `spanned` and up)
+    before its bump: while the barrier is open the gang trains on, and the new workers' pods
+    are created, placed and started behind it, each agent arriving at `status.epoch` and
+    holding outside the world (`agent.protocol.in_world`). The bump comes once every new worker
+    has arrived there, or its pod has found no node for `waitSeconds` (the bump then goes on
+    without it); the kept workers stop only for an in-place restart. With the barrier shut
+    nobody trains, and the bump goes at once, as before."""
+    if p.status.barrier_epoch != p.status.epoch:
+        return False
+    elastic = p.job.spec.elastic
+    assert elastic is not None
+    wait = timedelta(seconds=elastic.wait_seconds)
+    pending = False
+    for worker in range(spanned, len(p.job.spec.workers)):
+        pod = p.gang.live.get(worker)
+        if pod is not None and pod.arrived_epoch == p.status.epoch:
+            continue
+        since = None if pod is None else unschedulable_since(pod)
+        if since is not None and p.now - since >= wait:
+            continue  # `_to_drop` takes it with the bump
+        if since is not None:
+            p.requeue((since + wait - p.now).total_seconds())
+        pending = True
+    return pending
+
+
 def resize(p: Pass) -> bool:
     """Sets `status.worldSize` on a job's first pass; afterwards resizes an elastic gang whose
     size, or whose workers that can run, changed: one bump, or the bump of this pass (a
@@ -118,12 +147,15 @@ def resize(p: Pass) -> bool:
         # `replicas` changed: dropped workers placed since, and workers of the new size that
         # cannot be placed, go with it in one bump; else the next pass, over the same world,
         # would bump again for them.
+        spanned = old + len(p.status.dropped)
+        if _joiners_pending(p, spanned):
+            return False
         reasons = [WHY_REPLICAS]
         added = _to_add(p, dropped)
         if added:
             dropped = [d for d in dropped if d not in added]
             reasons.append(WHY_CAPACITY)
-        lost = _to_drop(p, workers - len(dropped), elastic.min_replicas)
+        lost = _to_drop(p, workers - len(dropped), elastic.min_replicas, bumping=True)
         if lost:
             dropped = sorted({*dropped, *lost})
             reasons.append(WHY_NO_CAPACITY)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.scale.goals import in_a_row, progress
+from benchmarks.scale.goals import in_a_row, progress, resize
 
 
 def runs(mode: str, seconds: list[float], rss: list[float]) -> list[dict[str, Any]]:
@@ -64,3 +64,23 @@ def test_progress_cost_is_judged_on_what_progress_adds_and_on_the_jobs_writes() 
     cost["added_cpu_share"] = 0.03
     cpu = progress({5000: res_5000})[0]
     assert cpu.why == "controller CPU"
+
+
+def test_each_resize_is_judged_against_in_place_of_the_same_run() -> None:
+    in_place = {"seconds": {"median": 4.0}}
+    res: dict[str, Any] = {
+        "workers": 1000,
+        "modes": {
+            "in-place": in_place,
+            "resize-down": {"seconds": {"median": 5.0}, "steps": {}},
+            "resize-up": {"seconds": {"median": 6.4}, "steps": {"epoch->barrier": {"median": 6.4}}},
+        },
+        "runs": [{"mode": "resize-up", "span": "epoch->barrier"}],
+    }
+    (down, up) = resize({1000: res})
+    assert down.met is True
+    assert "1.25x" in down.figures
+    assert up.met is False  # 1.6x
+    assert "epoch->barrier 6.40 s" in up.why
+    (down, _) = resize({1000: {"workers": 1000, "modes": {"in-place": in_place}}})
+    assert down.met is None

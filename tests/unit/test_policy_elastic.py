@@ -61,21 +61,61 @@ def test_shrink_bumps_once_deletes_the_highest_and_keeps_the_others() -> None:
     replan(observed, result)
 
 
-def test_grow_bumps_once_and_creates_the_next_numbers_at_the_new_epoch() -> None:
+def test_grow_creates_the_next_numbers_behind_the_open_barrier_then_bumps_once() -> None:
+    # The gang trains on while the new workers' pods are made: no bump yet.
     pods = [worker(r, 0) for r in range(3)]
     observed = gang(5, running_status(0, world_size=3), pods=pods, **ELASTIC)
     result = plan(observed)
-    assert result.status.epoch == 1
-    assert result.status.world_size == 5
+    assert result.status.epoch == 0
+    assert result.status.world_size == 3
     assert result.delete_pods == []
     created = {p["metadata"]["name"]: p for p in result.create_pods}
     assert sorted(created) == ["llama-3", "llama-4"]
     for pod in created.values():
-        assert pod["metadata"]["annotations"]["gangjob.io/created-epoch"] == "1"
+        assert pod["metadata"]["annotations"]["gangjob.io/created-epoch"] == "0"
         trainer = pod["spec"]["containers"][0]
         env = {e["name"]: e.get("value") for e in trainer["env"]}
         assert env["WORLD_SIZE"] == "5"
+    replan(observed, result)
+    # One new agent arrived (holding outside the world), the other not yet: still no bump.
+    pods += [worker(3, 0), worker(4, None)]
+    assert plan(gang(5, running_status(0, world_size=3), pods=pods, **ELASTIC)).status.epoch == 0
+    # Both arrived: one bump takes them in, and every worker restarts in place.
+    pods[4] = worker(4, 0)
+    observed = gang(5, running_status(0, world_size=3), pods=pods, **ELASTIC)
+    result = plan(observed)
+    assert result.status.epoch == 1
+    assert result.status.world_size == 5
+    assert result.create_pods == []
     assert record(result).trigger.detail == "resized 3 -> 5 (replicas changed)"
+    replan(observed, result)
+
+
+def test_a_grow_while_the_barrier_is_shut_bumps_at_once() -> None:
+    # Nobody trains during a restart: the new workers join the restart in progress.
+    pods = [worker(r, 1) for r in range(3)]
+    status = restarting_status(1).model_copy(update={"world_size": 3})
+    result = plan(gang(5, status, pods=pods, **ELASTIC))
+    assert result.status.epoch == 2
+    assert result.status.world_size == 5
+    assert sorted(p["metadata"]["name"] for p in result.create_pods) == ["llama-3", "llama-4"]
+
+
+def test_a_grow_goes_on_without_a_new_worker_that_finds_no_node() -> None:
+    since = GANG_NOW - timedelta(seconds=61)
+    pods = [worker(r, 0) for r in range(3)] + [worker(3, 0), unschedulable(4, 0, since)]
+    result = plan(gang(5, running_status(0, world_size=3), pods=pods, **WAITING))
+    assert result.status.epoch == 1
+    assert (result.status.world_size, result.status.dropped) == (4, [4])
+    assert record(result).trigger.detail == (
+        "resized 3 -> 4 (replicas changed; node lost, no capacity)"
+    )
+    # Before waitSeconds it waits for that pod, and looks again when they are up.
+    pods[4] = unschedulable(4, 0, GANG_NOW - timedelta(seconds=20))
+    result = plan(gang(5, running_status(0, world_size=3), pods=pods, **WAITING))
+    assert result.status.epoch == 0
+    assert result.requeue_after is not None
+    assert result.requeue_after <= 40.0
 
 
 def test_the_barrier_of_the_new_epoch_waits_for_the_new_size_only() -> None:
