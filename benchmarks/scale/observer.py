@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from agent.agent import Step
 from benchmarks.common import Progress, cpu_seconds
 from benchmarks.scale.settings import POLL
 from controller.k8s import GANGJOBS, JsonDict, Kube, ResourceKind
+from localcluster.handle import ClusterHandle
 from localcluster.simkubelet import SimKubelet
 from localcluster.tools import ControllerProcess
 
@@ -149,6 +151,61 @@ async def milestones(
             raise NotReached(timeout, reached, [n for n in checks if n not in reached], state())
         progress.tick(state)
         await asyncio.sleep(POLL)
+
+
+_SAMPLE = re.compile(r"^(\w+)\{(.*)\} (\S+)$")
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+@dataclass(frozen=True)
+class ApiSample:
+    """The apiserver's own counters, every client's traffic (the kubelets', the scheduler's,
+    the controller-manager's and ours): requests by `VERB resource[/subresource]`, and the
+    bytes of the watch events it sent, by kind (`apiserver_watch_events_sizes`, one
+    observation per event per watcher). What docs/scale.md's model is built from."""
+
+    requests: dict[str, float]
+    watch_bytes: dict[str, float]
+
+    @classmethod
+    async def take(cls, cluster: ClusterHandle) -> ApiSample:
+        text = await asyncio.to_thread(cluster.api, "GET", "/metrics", None, 30.0)
+        return cls.parse(str(text))
+
+    @classmethod
+    def parse(cls, text: str) -> ApiSample:
+        requests: dict[str, float] = {}
+        watch: dict[str, float] = {}
+        for line in text.splitlines():
+            m = _SAMPLE.match(line)
+            if m is None or m[1] not in (
+                "apiserver_request_total",
+                "apiserver_watch_events_sizes_sum",
+            ):
+                continue
+            labels = dict(_LABEL.findall(m[2]))
+            if m[1] == "apiserver_request_total":
+                resource = labels.get("resource", "")
+                if labels.get("subresource"):
+                    resource += f"/{labels['subresource']}"
+                key = f"{labels.get('verb', '')} {resource}"
+                requests[key] = requests.get(key, 0.0) + float(m[3])
+            else:
+                key = labels.get("kind") or labels.get("resource") or "?"
+                watch[key] = watch.get(key, 0.0) + float(m[3])
+        return cls(requests, watch)
+
+    def since(self, before: ApiSample) -> dict[str, dict[str, int]]:
+        """What changed since `before`: nonzero counts only."""
+
+        def delta(now: dict[str, float], then: dict[str, float]) -> dict[str, int]:
+            out = {k: int(v - then.get(k, 0.0)) for k, v in now.items()}
+            return {k: v for k, v in sorted(out.items()) if v > 0}
+
+        return {
+            "requests": delta(self.requests, before.requests),
+            "watch_bytes": delta(self.watch_bytes, before.watch_bytes),
+        }
 
 
 @dataclass

@@ -118,6 +118,27 @@ def size_table(res: dict[str, Any], settings: Settings) -> str:
     )  # fmt: skip
 
 
+def apiserver_table(res: dict[str, Any], settings: Settings) -> str:
+    """Per mode, the apiserver's traffic within one restart, every client's (medians)."""
+    keys = ("requests", "pod_status_writes", "gangjob_writes", "watch_mib", "pod_watch_mib")
+    rows = [
+        [label(mode, settings), *(fmt_num(m["apiserver"].get(k)) for k in keys)]
+        for mode, m in res["modes"].items()
+        if any(v is not None for v in (m.get("apiserver") or {}).values())
+    ]
+    if not rows:
+        return ""
+    return markdown_table(
+        ["mode", "requests", "pod status writes", "GangJob writes", "watch MiB sent",
+         "of it Pod MiB"],
+        rows,
+    )  # fmt: skip
+
+
+def fmt_num(v: float | None) -> str:
+    return "-" if v is None else f"{v:g}"
+
+
 def cpu_table(res: dict[str, Any], settings: Settings) -> str:
     """Per mode, the CPU seconds each process spent within the restart's span (medians)."""
     procs: list[str] = [BENCH]
@@ -339,6 +360,14 @@ def report(settings: Settings, meta: dict[str, Any], results: list[dict[str, Any
             cpu_table(res, settings),
             "",
         ]
+        api = apiserver_table(res, settings)
+        if api:
+            parts += [
+                "The apiserver's traffic within one repetition, every client's (medians):",
+                "",
+                api,
+                "",
+            ]
         peer_lines = bound_by(res, settings)
         if peer_lines:
             parts += ["Where JobSet's restart goes:", "", *peer_lines, ""]

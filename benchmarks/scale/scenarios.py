@@ -23,6 +23,7 @@ from benchmarks.scale.cluster import World, lose_node, steady
 from benchmarks.scale.cpu import BENCH, CpuSampler
 from benchmarks.scale.observer import (
     AgentTally,
+    ApiSample,
     Check,
     CtlSample,
     JobTracker,
@@ -139,10 +140,12 @@ async def measure_restart(
     span: Span = VISIBLE_TO_BARRIER,
 ) -> dict[str, Any]:
     """One restart from epoch E to E+1: inject, wait for every milestone, collect numbers."""
+    api_before = await ApiSample.take(w.cluster)
     before = CtlSample.take(w.ctl)
     row = await timed(w, mode, rep, inject, checks, order, timeout, state, span)
     rss = w.sample_rss()
     after = CtlSample.take(w.ctl)
+    api = (await ApiSample.take(w.cluster)).since(api_before)
     last = tracker.status.get("lastRestart") or {}
     if last.get("epoch") != tracker.status.get("epoch"):
         last = {}  # a restart the controller did not record (floor raises the epoch itself)
@@ -153,6 +156,7 @@ async def measure_restart(
         "trigger": (last.get("trigger") or {}).get("class"),
         "controller": ctl,
         "controller_rss_mib": round(rss, 1),
+        "apiserver": api,
     }
     print_row(w, row, f"ctl share {ctl['share_s']}  ctl API {ctl['requests'].get('all', 0)}")
     return row

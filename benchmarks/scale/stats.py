@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from benchmarks.scale.cluster import World
@@ -42,6 +42,28 @@ def _median(values: Iterable[float | None]) -> float | None:
     return round(statistics.median(vals), 3) if vals else None
 
 
+def _apiserver(samples: list[dict[str, dict[str, int]]]) -> dict[str, float | None]:
+    """The apiserver's traffic in a restart, every client's (medians over the repetitions):
+    requests, pod status writes (the kubelets'), GangJob writes, and watch bytes sent."""
+
+    def med(pick: Callable[[dict[str, dict[str, int]]], float]) -> float | None:
+        return _median(pick(s) for s in samples) if samples else None
+
+    def count(s: dict[str, dict[str, int]], verbs: tuple[str, ...], resource: str) -> int:
+        return sum(s["requests"].get(f"{v} {resource}", 0) for v in verbs)
+
+    writes = ("PATCH", "PUT", "APPLY")
+    return {
+        "requests": med(lambda s: sum(s["requests"].values())),
+        "pod_status_writes": med(lambda s: count(s, writes, "pods/status")),
+        "gangjob_writes": med(
+            lambda s: count(s, writes, "gangjobs") + count(s, writes, "gangjobs/status")
+        ),
+        "watch_mib": med(lambda s: round(sum(s["watch_bytes"].values()) / 2**20, 2)),
+        "pod_watch_mib": med(lambda s: round(s["watch_bytes"].get("Pod", 0) / 2**20, 2)),
+    }
+
+
 def summarize(w: World, rows: list[dict[str, Any]], startup: dict[str, float]) -> dict[str, Any]:
     modes: dict[str, Any] = {}
     for mode in REPORTED_MODES:
@@ -69,6 +91,7 @@ def summarize(w: World, rows: list[dict[str, Any]], startup: dict[str, float]) -
             },
             "controller_cpu_s": _stat(c["cpu_s"] for c in ctl),
             "api_requests": _stat(c["requests"].get("all", 0) for c in ctl),
+            "apiserver": _apiserver([r["apiserver"] for r in mine if "apiserver" in r]),
             "api_requests_by_method": {
                 m: statistics.median(c["requests"].get(m, 0) for c in ctl)
                 for m in ("GET", "LIST", "POST", "PATCH", "DELETE")
