@@ -161,7 +161,7 @@ _LABEL = re.compile(r'(\w+)="([^"]*)"')
 class ApiSample:
     """The apiserver's own counters, every client's traffic (the kubelets', the scheduler's,
     the controller-manager's and ours): requests by `VERB resource[/subresource]`, and the
-    bytes of the watch events it sent, by kind (`apiserver_watch_events_sizes`, one
+    bytes of the watch events it sent, by resource (`apiserver_watch_events_sizes`, one
     observation per event per watcher). What docs/scale.md's model is built from."""
 
     requests: dict[str, float]
@@ -191,7 +191,7 @@ class ApiSample:
                 key = f"{labels.get('verb', '')} {resource}"
                 requests[key] = requests.get(key, 0.0) + float(m[3])
             else:
-                key = labels.get("kind") or labels.get("resource") or "?"
+                key = labels.get("resource") or labels.get("kind") or "?"
                 watch[key] = watch.get(key, 0.0) + float(m[3])
         return cls(requests, watch)
 

@@ -120,9 +120,14 @@ def size_table(res: dict[str, Any], settings: Settings) -> str:
 
 def apiserver_table(res: dict[str, Any], settings: Settings) -> str:
     """Per mode, the apiserver's traffic within one restart, every client's (medians)."""
-    keys = ("requests", "pod_status_writes", "gangjob_writes", "watch_mib", "pod_watch_mib")
+    counts = ("requests", "pod_status_writes", "gangjob_writes")
+    sizes = ("watch_bytes", "pod_watch_bytes")
     rows = [
-        [label(mode, settings), *(fmt_num(m["apiserver"].get(k)) for k in keys)]
+        [
+            label(mode, settings),
+            *(fmt_num(m["apiserver"].get(k)) for k in counts),
+            *(fmt_mib(m["apiserver"].get(k)) for k in sizes),
+        ]
         for mode, m in res["modes"].items()
         if any(v is not None for v in (m.get("apiserver") or {}).values())
     ]
@@ -137,6 +142,10 @@ def apiserver_table(res: dict[str, Any], settings: Settings) -> str:
 
 def fmt_num(v: float | None) -> str:
     return "-" if v is None else f"{v:g}"
+
+
+def fmt_mib(v: float | None) -> str:
+    return "-" if v is None else f"{v / 2**20:.3g}"
 
 
 def cpu_table(res: dict[str, Any], settings: Settings) -> str:

@@ -59,8 +59,8 @@ def _apiserver(samples: list[dict[str, dict[str, int]]]) -> dict[str, float | No
         "gangjob_writes": med(
             lambda s: count(s, writes, "gangjobs") + count(s, writes, "gangjobs/status")
         ),
-        "watch_mib": med(lambda s: round(sum(s["watch_bytes"].values()) / 2**20, 2)),
-        "pod_watch_mib": med(lambda s: round(s["watch_bytes"].get("Pod", 0) / 2**20, 2)),
+        "watch_bytes": med(lambda s: sum(s["watch_bytes"].values())),
+        "pod_watch_bytes": med(lambda s: s["watch_bytes"].get("pods", 0)),
     }
 
 

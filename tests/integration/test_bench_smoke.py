@@ -43,6 +43,13 @@ async def test_restart_scale_runs_every_mode_and_writes_a_report(
     assert in_place["controller_share_s"]["bump"] is not None
     assert in_place["controller_share_s"]["barrier"] is not None
     assert in_place["api_requests"]["median"] > 0
+    # The apiserver's own counters: each of the 3 pods restarted in place wrote its status,
+    # and the controller's GangJob writes and the watches' bytes are counted.
+    api = in_place["apiserver"]
+    assert api["pod_status_writes"] >= 3
+    assert api["gangjob_writes"] >= 2  # the epoch, the barrier
+    assert api["requests"] > api["pod_status_writes"]
+    assert api["pod_watch_bytes"] > 0
     floor = res["modes"]["floor"]
     assert set(floor["steps"]) == {
         "injected->seen", "seen->restarted", "restarted->arrived", "arrived->barrier",
@@ -80,6 +87,7 @@ async def test_restart_scale_runs_every_mode_and_writes_a_report(
     assert json.loads(paths["json"].read_text())["results"][0]["workers"] == 3  # type: ignore[union-attr]
     md = report(settings, data, data["results"])
     assert "## N = 3" in md
+    assert "The apiserver's traffic within one repetition" in md
     assert "| in-place | 1 |" in md
     assert "| process | 1 |" in md
     assert f"| process / in-place {res['process_over_in_place']}x |" in md
@@ -219,7 +227,7 @@ async def test_the_jobset_peer_restarts_the_same_gang_and_the_goals_are_printed(
     assert "- JobSet: slowest step " in md
     assert "the controller-manager's client allows 500/s" in md
     goals = md.split("## Goals (printed, not asserted)\n\n")[1].strip().splitlines()
-    assert len(goals) == 16  # progress: 2, ten restarts in a row: 2
+    assert len(goals) == 18  # progress: 2, ten restarts in a row: 2, resize: 2
     for line in goals:
         assert line.startswith("- "), line
         assert line.endswith(" met") or "not met (" in line or "not measured (" in line, line
