@@ -1,7 +1,8 @@
 """`localcluster up --profile sim --agents` as a user runs it: a cluster of its own whose
 `sim-agents` component runs the real agent for every GangJob pod, a GangJob applied with
-kubectl, a worker killed with `localcluster kill-worker`, the gang restarted in place (same
-pods), and `localcluster down` leaving no process behind."""
+kubectl, a worker killed with `localcluster kill-worker` ten times in a row, the gang
+restarted in place each time (same pods), and `localcluster down` leaving no process
+behind."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from tests.integration.harness import phase_is, watch_job
 pytestmark = pytest.mark.integration
 
 NAME = f"{os.environ.get('GANGJOB_TEST_CLUSTERS', 'test')}-agents"
-WORKERS = 20
+WORKERS = 200
+RESTARTS = 10
 NS = "default"
 
 
@@ -90,7 +92,7 @@ async def test_a_killed_worker_restarts_its_gang_in_place_and_down_leaves_nothin
     job = builders.gangjob(
         "g", WORKERS, namespace=NS,
         image="localhost/busybox:dev", command=["sh", "-c", "sleep infinity"],
-        pod_labels={SIMULATED_KUBELET_LABEL: "true"},
+        pod_labels={SIMULATED_KUBELET_LABEL: "true"}, max_restarts=RESTARTS + 1,
     )  # fmt: skip
     kubectl(cluster, "apply", "-f", "-", stdin=json.dumps(job))
 
@@ -111,20 +113,25 @@ async def test_a_killed_worker_restarts_its_gang_in_place_and_down_leaves_nothin
         before = _uids((await kube.list(PODS, NS, label_selector=selector)).items)
         assert len(before) == WORKERS
 
-        out = await asyncio.to_thread(
-            localcluster, "kill-worker", "g", "7", "--name", NAME, "--code", "1"
-        )
-        assert "default/g-7" in out, out
-        assert "restarted in place" in out, out
-
-        job_now = await watch_job(kube, NS, "g", at(1), 120, "every worker arrived at epoch 1")
-        assert job_now["status"]["lastRestart"]["epoch"] == 1
-        pods = (await kube.list(PODS, NS, label_selector=selector)).items
-        assert _uids(pods) == before  # in place: the same pods
-        killed = next(p for p in pods if p["metadata"]["name"] == "g-7")
-        counts = [c.get("restartCount", 0) for c in killed["status"]["containerStatuses"]]
-        assert counts, killed["status"]
-        assert all(n >= 1 for n in counts), killed["status"]
+        for epoch in range(1, RESTARTS + 1):
+            rank = (epoch * 37) % WORKERS  # a different worker each time
+            out = await asyncio.to_thread(
+                localcluster, "kill-worker", "g", str(rank), "--name", NAME, "--code", "1"
+            )
+            assert f"default/g-{rank}" in out, out
+            assert "restarted in place" in out, out
+            job_now = await watch_job(
+                kube, NS, "g", at(epoch), 180, f"every worker arrived at epoch {epoch}"
+            )
+            assert job_now["status"]["lastRestart"]["epoch"] == epoch
+            assert job_now["status"]["lastRestart"]["trigger"]["worker"] == rank
+            pods = (await kube.list(PODS, NS, label_selector=selector)).items
+            assert _uids(pods) == before  # in place: the same pods, every time
+            killed = next(p for p in pods if p["metadata"]["name"] == f"g-{rank}")
+            counts = [c.get("restartCount", 0) for c in killed["status"]["containerStatuses"]]
+            assert counts, killed["status"]
+            assert all(n >= 1 for n in counts), killed["status"]
+        assert job_now["status"]["restarts"]["counted"] == RESTARTS
         await watch_job(kube, NS, "g", phase_is("Running"), 60, "Running again")
 
     # A rank nobody has is refused with a message, not a traceback.
