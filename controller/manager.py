@@ -423,7 +423,12 @@ class Manager:
         if s.arrival_tls is not None:
             cert = ServingCert(*s.arrival_tls)
             if s.arrival_ca_file:
-                self._give_ca(Path(s.arrival_ca_file).read_bytes())  # noqa: ASYNC240 (once)
+                try:
+                    self._give_ca(Path(s.arrival_ca_file).read_bytes())  # noqa: ASYNC240 (once)
+                except OSError as e:
+                    # cert-manager writes ca.crt for a CA issuer only: the others' certificates
+                    # chain to a CA the pods' system store knows.
+                    log.warning("no CA for the agents (%s): they verify with their system's", e)
             return cert, cert.follow()
         if s.arrival_tls_secret is None:
             return None, None
