@@ -340,13 +340,8 @@ try:
 except ssl.SSLCertVerificationError as e:
     print("wrong CA: refused", e.verify_message)
 with socket.create_connection((host, port), timeout=10) as s:
-    s.sendall(b"POST /v1/arrivals HTTP/1.1
-Host: x
-Authorization: Bearer t
-"
-              b"Content-Length: 2
-
-{}")
+    s.sendall(b"POST /v1/arrivals HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t\r\n"
+              b"Content-Length: 2\r\n\r\n{}")
     answer = b""
     while chunk := s.recv(4096):
         answer += chunk
