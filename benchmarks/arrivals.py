@@ -134,7 +134,7 @@ def serve(port: int, cert: str | None, key: str | None, loop: str = "asyncio") -
         await asyncio.Event().wait()
 
     if loop == "uvloop":
-        # Not a dependency (docs/bench/arrivals-2026-11-27.md): `pip install uvloop` to compare.
+        # As the controller runs an https:// endpoint (controller.main.asyncio_run_tls).
         uvloop = importlib.import_module("uvloop")
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             runner.run(main())
