@@ -46,6 +46,7 @@ from agent.direct import DirectArrival, ProgressChannel
 from agent.progress import Summary
 from agent.protocol import JobState
 from benchmarks.common import cpu_seconds, markdown_table, rss_mib, write_json
+from controller.runtime.servingcert import server_context
 
 NS = "bench"
 JOB = "gang"
@@ -116,7 +117,7 @@ def serve(port: int, cert: str | None, key: str | None, loop: str = "asyncio") -
         nonlocal connections
         tls = None
         if cert:
-            tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            tls = server_context()  # the controller's
             tls.load_cert_chain(cert, key)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()

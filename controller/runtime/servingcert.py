@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["ServingCert"]
+__all__ = ["ServingCert", "server_context"]
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +44,14 @@ def _pem_files(cert: bytes, key: bytes) -> Iterator[tuple[str, str]]:
         yield str(paths[0]), str(paths[1])
 
 
-def _server_context() -> ssl.SSLContext:
+def server_context() -> ssl.SSLContext:
+    """The arrival endpoint's TLS settings, without its certificate."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
+    # No TLS 1.3 session tickets (OpenSSL sends two after every handshake): an agent resumes
+    # no session (a Pod-mode agent is a new process after each restart; a Process-mode one
+    # keeps its connection), so each would be work and bytes for nothing.
+    context.num_tickets = 0
     return context
 
 
@@ -55,7 +60,7 @@ class ServingCert:
 
     def __init__(self, cert_file: str | os.PathLike[str], key_file: str | os.PathLike[str]):
         self.cert_file, self.key_file = Path(cert_file), Path(key_file)
-        self.context = _server_context()
+        self.context = server_context()
         self._stamp = self._stat()
         self.context.load_cert_chain(self.cert_file, self.key_file)  # raises: bad files
 
@@ -66,7 +71,7 @@ class ServingCert:
         self = cls.__new__(cls)
         self.cert_file = self.key_file = Path()
         self._stamp = ()
-        self.context = _server_context()
+        self.context = server_context()
         self.load_pem(cert, key)
         return self
 
