@@ -46,7 +46,7 @@ from agent.direct import DirectArrival, ProgressChannel
 from agent.progress import Summary
 from agent.protocol import JobState
 from benchmarks.common import cpu_seconds, markdown_table, rss_mib, write_json
-from controller.runtime.servingcert import server_context
+from controller.runtime.servingcert import server_context, small_tls_buffers
 
 NS = "bench"
 JOB = "gang"
@@ -134,8 +134,10 @@ def serve(port: int, cert: str | None, key: str | None, loop: str = "asyncio") -
         print("ready", flush=True)
         await asyncio.Event().wait()
 
+    if cert and loop != "uvloop":
+        small_tls_buffers()  # as the controller serves TLS
     if loop == "uvloop":
-        # As the controller runs an https:// endpoint (controller.main.asyncio_run_tls).
+        # Not a dependency (docs/bench/arrivals_tls-2026-11-27.md): `pip install uvloop`.
         uvloop = importlib.import_module("uvloop")
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             runner.run(main())

@@ -5,20 +5,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib
 import json
 import logging
 import os
 import signal
 import sys
 import time
-from collections.abc import Coroutine
 from typing import Any
 
 from controller.k8s import Kube
 from controller.manager import Manager, Settings, default_identity
 from controller.policy.quarantine import QuarantineConfig
 from controller.runtime import tracing
+from controller.runtime.servingcert import small_tls_buffers
 from controller.servingsecret import DEFAULT_SECRET
 
 
@@ -246,20 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     if args.arrival_url.startswith("https://"):
-        # asyncio's TLS transport holds a 256 KiB read buffer per connection, uvloop's ~47 KiB:
-        # at 5000 agents' streams, 1.4 GiB against 0.23 (docs/bench/arrivals-2026-11-27.md).
-        return asyncio_run_tls(run(args))
+        small_tls_buffers()  # a TLS stream per agent: ~300 KiB each on asyncio's defaults
     return asyncio.run(run(args))
-
-
-def asyncio_run_tls(main: Coroutine[Any, Any, int]) -> int:
-    """`asyncio.run` on uvloop's loop where it is installed (a dependency, not on Windows)."""
-    try:
-        uvloop = importlib.import_module("uvloop")
-    except ImportError:
-        return asyncio.run(main)
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(main)
 
 
 if __name__ == "__main__":

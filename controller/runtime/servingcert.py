@@ -6,6 +6,7 @@ connections keep theirs."""
 from __future__ import annotations
 
 import asyncio
+import asyncio.sslproto
 import contextlib
 import logging
 import os
@@ -14,10 +15,12 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["ServingCert", "server_context"]
+__all__ = ["TLS_READ_BUFFER", "ServingCert", "server_context", "small_tls_buffers"]
 
 log = logging.getLogger(__name__)
 
+TLS_READ_BUFFER = 32 * 1024
+"""Bytes of the read buffer of each TLS connection on asyncio's loop: two TLS records."""
 RELOAD_SECONDS = 60.0
 """How often the files are looked at: a rotated certificate is taken within this long."""
 
@@ -42,6 +45,16 @@ def _pem_files(cert: bytes, key: bytes) -> Iterator[tuple[str, str]]:
         for path, data in zip(paths, (cert, key), strict=True):
             path.write_bytes(data)
         yield str(paths[0]), str(paths[1])
+
+
+def small_tls_buffers() -> None:
+    """Makes asyncio's TLS transport read through `TLS_READ_BUFFER` bytes per connection, not
+    256 KiB (`SSLProtocol.max_size`, a class attribute every connection allocates): at N=1000
+    agents' open streams, ~300 KiB per stream against ~14 KiB without TLS
+    (docs/bench/arrivals_tls-2026-11-27.md). uvloop's own TLS holds ~45 KiB, but its memory
+    grows by ~20 KiB with every connection opened and closed, which a Pod-mode restart does
+    once per worker. For the whole process: the controller's client connections too."""
+    asyncio.sslproto.SSLProtocol.max_size = TLS_READ_BUFFER
 
 
 def server_context() -> ssl.SSLContext:

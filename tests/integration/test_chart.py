@@ -266,7 +266,8 @@ def test_helm_install_upgrade_and_uninstall_leave_nothing_behind(
     objs = list(render(ns).values())
     helm(sim_cluster, "install", RELEASE, CHART, "-n", ns, "--wait", "--timeout=180s")
     present = _present(sim_cluster, objs, ns)
-    assert len(present) == len(objs) == 15  # with the dashboard and both admission policies
+    # With the dashboard, both admission policies and the arrival certificate's Secret.
+    assert len(present) == len(objs) == 16
     wait_crd_established(sim_cluster)
     deploy = json.loads(kubectl(sim_cluster, "-n", ns, "get", "deploy/gangjob-controller",
                                 "-o", "json"))  # fmt: skip

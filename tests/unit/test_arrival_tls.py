@@ -12,13 +12,14 @@ The certificates in testdata/arrival-tls are fixed and long-lived (100 years): `
 from __future__ import annotations
 
 import asyncio
+import asyncio.sslproto
 import contextlib
 import dataclasses
 import datetime
 import pathlib
 import shutil
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from aiohttp import web
@@ -31,7 +32,7 @@ from controller.arrivals.book import ArrivalBook
 from controller.arrivals.server import arrivals_app
 from controller.runtime import certs
 from controller.runtime.httpserver import HttpServer
-from controller.runtime.servingcert import ServingCert
+from controller.runtime.servingcert import TLS_READ_BUFFER, ServingCert, small_tls_buffers
 from localcluster.procs import free_port
 from tests.unit.test_agent import DEADLINE, JOB, NS, FakeApi, make_config, running, until
 
@@ -309,3 +310,40 @@ async def test_the_controllers_own_certificate_renewed_is_served_to_new_handshak
         serving.load_pem(second[certs.TLS_CERT], second[certs.TLS_KEY])
         assert await trusted_by(second, s.port)
         assert not await trusted_by(first, s.port)
+
+
+@pytest.fixture
+def small_buffers() -> Iterator[None]:
+    """`small_tls_buffers` for one test: it changes a class attribute for the whole process."""
+    before = asyncio.sslproto.SSLProtocol.max_size
+    small_tls_buffers()
+    try:
+        yield
+    finally:
+        asyncio.sslproto.SSLProtocol.max_size = before
+
+
+async def test_small_tls_buffers_carry_a_body_many_times_their_size(small_buffers: None) -> None:
+    assert asyncio.sslproto.SSLProtocol.max_size == TLS_READ_BUFFER == 32 * 1024
+    body = bytes(range(256)) * 4096  # 1 MiB: 32 buffers' worth each way
+
+    async def echo(request: web.Request) -> web.Response:
+        return web.Response(body=await request.read())
+
+    app = web.Application(client_max_size=2 * len(body))
+    app.router.add_post("/", echo)
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(CERTS / "tls.crt", CERTS / "tls.key")
+    async with HttpServer(app, "127.0.0.1", 0, ssl_context=tls) as s:
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", s.port, ssl=ssl.create_default_context(cafile=CERTS / "ca.crt")
+        )
+        writer.write(
+            b"POST / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+            b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
+        )
+        async with asyncio.timeout(DEADLINE):
+            answer = await reader.read()
+        writer.close()
+    assert answer.startswith(b"HTTP/1.1 200")
+    assert answer.endswith(body)
