@@ -45,6 +45,7 @@ from agent.protocol import (
 from agent.trainer import Trainer, TrainerFactory, TrainerRun
 from agent.watch import JobWatcher
 from api.constants import (
+    ENV_ARRIVAL_CA_PEM,
     ENV_DIR,
     ENV_PET_RDZV_ID,
     EPOCH_FILE,
@@ -172,13 +173,18 @@ class Agent:
         verify it with cannot be read (nothing goes to an endpoint the agent cannot verify)."""
         assert config.arrival_url is not None
         tls = None
-        if config.arrival_ca_file is not None:
+        if config.arrival_ca_pem is not None or config.arrival_ca_file is not None:
             try:
-                tls = ssl_context(config.arrival_ca_file)
+                if config.arrival_ca_pem is not None:
+                    tls = ssl.create_default_context(cadata=config.arrival_ca_pem)
+                else:
+                    tls = ssl_context(config.arrival_ca_file)
             except (OSError, ssl.SSLError) as e:
                 self.log.error(
                     "the arrival endpoint's CA %s is unreadable (%s): arriving by annotation",
-                    config.arrival_ca_file,
+                    "(" + ENV_ARRIVAL_CA_PEM + ")"
+                    if config.arrival_ca_pem is not None
+                    else config.arrival_ca_file,
                     e,
                 )
                 return None

@@ -36,6 +36,7 @@ from api.constants import (
     DEFAULT_PROGRESS_SUMMARY_SECONDS,
     ENV_AGENT_PORT,
     ENV_ARRIVAL_CA,
+    ENV_ARRIVAL_CA_PEM,
     ENV_ARRIVAL_TOKEN,
     ENV_ARRIVAL_URL,
     ENV_DIR,
@@ -64,7 +65,7 @@ environment:
   {ENV_ARRIVAL_URL}, {ENV_ARRIVAL_TOKEN}   the controller's arrival endpoint and the
       token for it (audience gangjob.io/arrival); unset: arrive by pod annotation
   {ENV_ARRIVAL_CA}   the CA (PEM) an https:// arrival endpoint is verified with
-      (default: the system's trust store)
+      (default: the system's trust store); {ENV_ARRIVAL_CA_PEM}: the CA itself, first
   {ENV_AGENT_PORT}   barrier probe port (sidecar; default {DEFAULT_AGENT_PORT})
   {ENV_DIR}   shared directory for the `epoch` file (default {DEFAULT_DIR})
   {ENV_KILL_GRACE_SECONDS}   SIGTERM to SIGKILL of the trainer (wrap; default \

@@ -18,6 +18,7 @@ from api.constants import (
     ENV_AGENT_PORT,
     ENV_AGENT_RANK,
     ENV_ARRIVAL_CA,
+    ENV_ARRIVAL_CA_PEM,
     ENV_ARRIVAL_TOKEN,
     ENV_ARRIVAL_URL,
     ENV_DIR,
@@ -71,6 +72,9 @@ class Config:
     arrival_ca_file: Path | None = None
     """The CA the agent verifies an `https://` endpoint's certificate with; None: the system's
     trust store. The token travels only inside the verified connection."""
+    arrival_ca_pem: str | None = None
+    """The same CA as PEM text (`GANGJOB_ARRIVAL_CA_PEM`, as the pod builder gives it); taken
+    before `arrival_ca_file`."""
     role: str | None = None
     """The worker's role (`GANGJOB_ROLE`): once it is `Complete`, a worker that succeeded is
     done, though the job runs on."""
@@ -126,10 +130,12 @@ class Config:
                 raise ConfigError(f"{ENV_ARRIVAL_URL}={arrival_url!r}: not an http(s) URL")
             need(ENV_POD_UID)  # the controller is told which pod reports by its UID
         arrival_ca = env.get(ENV_ARRIVAL_CA, "").strip() or None
-        if arrival_ca is not None and not (arrival_url or "").startswith("https://"):
-            raise ConfigError(
-                f"{ENV_ARRIVAL_CA} is set but {ENV_ARRIVAL_URL}={arrival_url!r} is not https://"
-            )
+        arrival_ca_pem = env.get(ENV_ARRIVAL_CA_PEM, "").strip() or None
+        for name, value in ((ENV_ARRIVAL_CA, arrival_ca), (ENV_ARRIVAL_CA_PEM, arrival_ca_pem)):
+            if value is not None and not (arrival_url or "").startswith("https://"):
+                raise ConfigError(
+                    f"{name} is set but {ENV_ARRIVAL_URL}={arrival_url!r} is not https://"
+                )
         raw_rank = env.get(ENV_AGENT_RANK, "").strip()
         if raw_rank and not raw_rank.isdigit():
             raise ConfigError(f"{ENV_AGENT_RANK}={raw_rank!r}: not a rank")
@@ -149,6 +155,7 @@ class Config:
                 env.get(ENV_ARRIVAL_TOKEN, "").strip() or DEFAULT_ARRIVAL_TOKEN
             ),
             arrival_ca_file=Path(arrival_ca) if arrival_ca is not None else None,
+            arrival_ca_pem=arrival_ca_pem,
             progress_poll_seconds=PROGRESS_POLL_SECONDS,
             hang_seconds=number(ENV_HANG_SECONDS, 0.0) or None,
             progress_summary_seconds=number(

@@ -351,6 +351,9 @@ ENV_ARRIVAL_TOKEN: Final = "GANGJOB_ARRIVAL_TOKEN_FILE"
 ENV_ARRIVAL_CA: Final = "GANGJOB_ARRIVAL_CA_FILE"
 """The CA bundle the agent verifies an `https://` arrival endpoint with (PEM); unset: the
 system's trust store."""
+ENV_ARRIVAL_CA_PEM: Final = "GANGJOB_ARRIVAL_CA_PEM"
+"""The same CA as PEM text, as the pod builder gives it to every agent of a controller that
+serves arrivals over TLS (the CA of its own certificate, or `--arrival-tls-ca-file`)."""
 ENV_EPOCH: Final = "GANGJOB_EPOCH"
 """Set by the agent in the trainer's environment (`Process` mode): the epoch it runs at."""
 

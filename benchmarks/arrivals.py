@@ -46,6 +46,7 @@ from agent.direct import DirectArrival, ProgressChannel
 from agent.progress import Summary
 from agent.protocol import JobState
 from benchmarks.common import cpu_seconds, markdown_table, rss_mib, write_json
+from controller.runtime.servingcert import server_context, small_tls_buffers
 
 NS = "bench"
 JOB = "gang"
@@ -116,7 +117,7 @@ def serve(port: int, cert: str | None, key: str | None, loop: str = "asyncio") -
         nonlocal connections
         tls = None
         if cert:
-            tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            tls = server_context()  # the controller's
             tls.load_cert_chain(cert, key)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
@@ -133,8 +134,10 @@ def serve(port: int, cert: str | None, key: str | None, loop: str = "asyncio") -
         print("ready", flush=True)
         await asyncio.Event().wait()
 
+    if cert and loop != "uvloop":
+        small_tls_buffers()  # as the controller serves TLS
     if loop == "uvloop":
-        # Not a dependency (docs/bench/arrivals-2026-11-27.md): `pip install uvloop` to compare.
+        # Not a dependency (docs/bench/arrivals_tls-2026-11-27.md): `pip install uvloop`.
         uvloop = importlib.import_module("uvloop")
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             runner.run(main())

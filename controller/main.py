@@ -17,6 +17,8 @@ from controller.k8s import Kube
 from controller.manager import Manager, Settings, default_identity
 from controller.policy.quarantine import QuarantineConfig
 from controller.runtime import tracing
+from controller.runtime.servingcert import small_tls_buffers
+from controller.servingsecret import DEFAULT_SECRET
 
 
 class JsonFormatter(logging.Formatter):
@@ -66,17 +68,32 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--arrival-url",
         default="",
-        help="the endpoint as pods reach it, e.g. http://gangjob-arrivals.gangjob-system.svc:8082 "
-        "(given to every agent; default: agents arrive by pod annotation)",
+        help="the endpoint as pods reach it, e.g. https://gangjob-arrivals.gangjob-system.svc:8082 "
+        "(given to every agent; default: agents arrive by pod annotation). https:// serves it "
+        "over TLS: with the --arrival-tls-*-file given, else with a CA and certificate the "
+        "controller makes, renews and keeps in the Secret --arrival-tls-secret; http:// serves "
+        "it in clear (for a controller run out of the cluster)",
     )
     p.add_argument(
         "--arrival-tls-cert-file",
         default="",
-        help="serve the arrival endpoint over TLS with this certificate (PEM; with "
+        help="serve the https:// arrival endpoint with this certificate (PEM; with "
         "--arrival-tls-key-file), loaded again when it changes, e.g. a mounted Secret that "
-        "cert-manager renews; default: plain HTTP",
+        "cert-manager renews",
     )
     p.add_argument("--arrival-tls-key-file", default="", help="the certificate's private key")
+    p.add_argument(
+        "--arrival-tls-ca-file",
+        default="",
+        help="with --arrival-tls-cert-file: the CA (PEM) that agents verify the endpoint with, "
+        "given to every worker pod (e.g. cert-manager's ca.crt; default: their system store)",
+    )
+    p.add_argument(
+        "--arrival-tls-secret",
+        default=DEFAULT_SECRET,
+        help="the Secret, in the controller's namespace, where it keeps the https:// arrival "
+        f"endpoint's own CA and certificate when no files are given (default {DEFAULT_SECRET})",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--log-format", default="json", choices=["json", "text"])
     p.add_argument("--workers", type=int, default=4, help="concurrent reconciles")
@@ -157,12 +174,14 @@ def _in_cluster_namespace() -> str:
 
 async def run(args: argparse.Namespace) -> int:
     provider = tracing.setup_tracing()
+    own_pod = _own_pod()
+    election_namespace = args.leader_election_namespace or args.namespace or _in_cluster_namespace()
+    tls_files = bool(args.arrival_tls_cert_file)
+    own_cert = args.arrival_url.startswith("https://") and not tls_files
     settings = Settings(
         namespace=args.namespace or None,
         leader_elect=args.leader_elect,
-        leader_election_namespace=args.leader_election_namespace
-        or args.namespace
-        or _in_cluster_namespace(),
+        leader_election_namespace=election_namespace,
         leader_election_id=args.leader_election_id,
         metrics_address=args.metrics_bind_address,
         health_address=args.health_probe_bind_address,
@@ -171,10 +190,13 @@ async def run(args: argparse.Namespace) -> int:
         identity=default_identity(),
         arrival_address=args.arrival_bind_address,
         arrival_url=args.arrival_url or None,
-        arrival_tls=(args.arrival_tls_cert_file, args.arrival_tls_key_file)
-        if args.arrival_tls_cert_file
+        arrival_tls=(args.arrival_tls_cert_file, args.arrival_tls_key_file) if tls_files else None,
+        arrival_ca_file=args.arrival_tls_ca_file or None,
+        # In the controller's own namespace, where its Role grants the Secret.
+        arrival_tls_secret=(own_pod[0] if own_pod else election_namespace, args.arrival_tls_secret)
+        if own_cert
         else None,
-        own_pod=_own_pod(),
+        own_pod=own_pod,
         barrier_stall_seconds=args.barrier_stall_seconds,
         quarantine=QuarantineConfig(
             threshold=args.quarantine_threshold,
@@ -216,6 +238,14 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.arrival_tls_cert_file and not args.arrival_url.startswith("https://"):
+        print(
+            "gangjob-controller: --arrival-tls-cert-file needs an https:// --arrival-url",
+            file=sys.stderr,
+        )
+        return 2
+    if args.arrival_url.startswith("https://"):
+        small_tls_buffers()  # a TLS stream per agent: ~300 KiB each on asyncio's defaults
     return asyncio.run(run(args))
 
 

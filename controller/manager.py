@@ -14,10 +14,13 @@ import dataclasses
 import logging
 import os
 import socket
+import ssl
 import time
+import urllib.parse
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from api.constants import (
@@ -58,10 +61,12 @@ from controller.policy.quarantine import QuarantineConfig
 from controller.quarantine import Quarantine
 from controller.reconcile import Caches, Outcome, Reconciler
 from controller.runtime import collector, metrics
+from controller.runtime.certs import CA_CERT, TLS_CERT, TLS_KEY, service_names
 from controller.runtime.httpserver import HttpServer
 from controller.runtime.probes import probes_app
 from controller.runtime.queue import WorkQueue
 from controller.runtime.servingcert import ServingCert
+from controller.servingsecret import ServingSecret
 from controller.workeraccess import AccessReview, check_worker_role
 
 log = logging.getLogger(__name__)
@@ -114,8 +119,13 @@ class Settings:
     arrival_url: str | None = None
     """The endpoint's URL as the pods reach it (a Service), given to every agent."""
     arrival_tls: tuple[str, str] | None = None
-    """(certificate, key) files to serve the endpoint with over TLS, followed as they rotate;
-    None: plain HTTP."""
+    """(certificate, key) files to serve the endpoint with over TLS, followed as they rotate
+    (cert-manager's); None: `arrival_tls_secret`, else plain HTTP."""
+    arrival_ca_file: str | None = None
+    """With `arrival_tls`: the CA (PEM) the agents verify it with (None: their system store)."""
+    arrival_tls_secret: tuple[str, str] | None = None
+    """(namespace, name) of the Secret holding the endpoint's own CA and certificate, which the
+    controller makes and renews (`controller.servingsecret`): TLS with no files given."""
     own_pod: tuple[str, str] | None = None
     """(namespace, name) of the controller's own pod, in a cluster: it carries LEADER_LABEL
     while this replica leads."""
@@ -397,6 +407,50 @@ class Manager:
             for w in workers:
                 w.cancel()
 
+    def _give_ca(self, pem: bytes) -> None:
+        """Pods made from here on carry `pem` for their agents to verify the endpoint with."""
+        self.reconciler.config = dataclasses.replace(
+            self.reconciler.config, arrival_ca=pem.decode()
+        )
+
+    async def _arrival_tls(
+        self,
+    ) -> tuple[ServingCert | None, Coroutine[Any, Any, None] | None]:
+        """The arrival endpoint's TLS context, and what keeps its certificate current: the
+        files given (cert-manager's), or the controller's own certificate in a Secret; (None,
+        None) for plain HTTP. The CA is handed to the reconciler before it makes any pod."""
+        s = self.settings
+        if s.arrival_tls is not None:
+            cert = ServingCert(*s.arrival_tls)
+            if s.arrival_ca_file:
+                try:
+                    self._give_ca(Path(s.arrival_ca_file).read_bytes())  # noqa: ASYNC240 (once)
+                except OSError as e:
+                    # cert-manager writes ca.crt for a CA issuer only: the others' certificates
+                    # chain to a CA the pods' system store knows.
+                    log.warning("no CA for the agents (%s): they verify with their system's", e)
+            return cert, cert.follow()
+        if s.arrival_tls_secret is None:
+            return None, None
+        serving: list[ServingCert] = []
+
+        def changed(data: Mapping[str, bytes]) -> None:
+            self._give_ca(data[CA_CERT])
+            if serving:
+                try:
+                    serving[0].load_pem(data[TLS_CERT], data[TLS_KEY])
+                except ssl.SSLError as e:
+                    log.error("renewed arrival certificate not loaded (%s): serving the old", e)
+                    return
+                log.info("arrival certificate renewed: new handshakes get it")
+
+        host = urllib.parse.urlsplit(s.arrival_url or "").hostname or "localhost"
+        namespace, name = s.arrival_tls_secret
+        keeper = ServingSecret(self.kube, namespace, name, service_names(host), changed)
+        data = await keeper.start()
+        serving.append(ServingCert.from_pem(data[TLS_CERT], data[TLS_KEY]))
+        return serving[0], keeper.follow()
+
     async def run(self) -> int:
         """Runs until cancelled (returns 0) or until the Lease is lost (returns 1)."""
         servers: list[HttpServer] = []
@@ -418,15 +472,15 @@ class Manager:
                 on_report=self._on_report,
                 on_news=self._enqueue,
             )
-            cert = ServingCert(*self.settings.arrival_tls) if self.settings.arrival_tls else None
+            cert, follow = await self._arrival_tls()
             # A gang of thousands restarts at once: its reports must not overflow the backlog.
             server = HttpServer(
                 app, host, port, backlog=4096, ssl_context=cert.context if cert else None
             )
             await server.start()
             servers.append(server)
-            if cert is not None:
-                reloads = asyncio.create_task(cert.follow())
+            if follow is not None:
+                reloads = asyncio.create_task(follow)
             log.info("arrival endpoint on %s:%s (%s)", host, server.port, "TLS" if cert else "HTTP")
         store_tasks = [asyncio.create_task(s.run()) for s in self.stores]
         # A replica restarted in the same pod (it lost the Lease) must not keep drawing traffic.

@@ -111,6 +111,7 @@ class ControllerProcess:
         *,
         arrivals: bool = False,
         arrival_host: str = "127.0.0.1",
+        arrival_tls: bool = False,
         env: Mapping[str, str] | None = None,
     ) -> None:
         self.kubeconfig = kubeconfig
@@ -122,12 +123,17 @@ class ControllerProcess:
         # host, on the pod bridge's gateway for agents in the node profile's pods.
         self.arrival_port = free_port() if arrivals else None
         self.arrival_host = arrival_host
+        # https: the controller serves its own certificate (for the host's address), kept in
+        # the Secret gangjob-arrival-tls of --leader-election-namespace.
+        self.arrival_scheme = "https" if arrival_tls else "http"
         self.env = dict(env or {})
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def arrival_url(self) -> str | None:
-        return f"http://{self.arrival_host}:{self.arrival_port}" if self.arrival_port else None
+        if not self.arrival_port:
+            return None
+        return f"{self.arrival_scheme}://{self.arrival_host}:{self.arrival_port}"
 
     def start(self) -> None:
         cmd = [

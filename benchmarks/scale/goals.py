@@ -9,7 +9,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from benchmarks.scale.settings import IN_PLACE_RAISED, JOBSET, JOBSET_RAISED, Settings
+from benchmarks.scale.settings import (
+    IN_PLACE_RAISED,
+    IN_PLACE_TLS,
+    JOBSET,
+    JOBSET_RAISED,
+    Settings,
+)
 
 IN_PLACE_MAX_S = {100: 3.0, 1000: 4.0, 5000: 8.0}
 """In place, failure visible -> barrier written, median, at each N."""
@@ -37,6 +43,8 @@ RSS_GROWTH_MAX_MIB, RSS_GROWTH_MAX_SHARE = 10.0, 0.05
 most the larger of these (the allocator's and the caches' settling, not accumulation)."""
 RESIZE_OVER_IN_PLACE_MAX, RESIZE_AT = 1.5, 1000
 """Each resize by `replicas` (N -> 0.8 N -> N) against an in-place restart, same run."""
+TLS_OVER_PLAIN_MAX, TLS_AT = 1.10, 1000
+"""In-place restart with arrivals over TLS / over plain HTTP (same run)."""
 PROCESS_MAX_S, PROCESS_AT = 3.0, 5000
 """Process mode in place, the trainer's exit -> barrier written, median."""
 
@@ -324,6 +332,21 @@ def progress(results: Results) -> list[Verdict]:
     return [*out, Verdict(goal, ratio <= PROGRESS_OVER_OFF_MAX, figures, slow)]
 
 
+def tls(results: Results) -> list[Verdict]:
+    """`--modes in-place,in-place-tls`: arrivals over TLS cost an in-place restart at most 10%."""
+    goal = (
+        f"in-place restart with arrivals over TLS within {100 * (TLS_OVER_PLAIN_MAX - 1):g}% "
+        f"of plain HTTP at N={TLS_AT}"
+    )
+    res, why = _at(results, TLS_AT)
+    ratio = res.get("in_place_tls_over_in_place") if res else None
+    if res is None or ratio is None:
+        return [Verdict(goal, None, "", why or f"{IN_PLACE_TLS} and in-place not both measured")]
+    on, off = median(res, IN_PLACE_TLS), median(res, "in-place")
+    figures = f"{on} s / {off} s = {ratio}x"
+    return [Verdict(goal, ratio <= TLS_OVER_PLAIN_MAX, figures, slowest(res, IN_PLACE_TLS))]
+
+
 def in_a_row(results: Results) -> list[Verdict]:
     """Ten restarts of one gang in a row (in place and Process) at N=1000: the tenth within
     20% of the first, and the controller's RSS flat from the first to the last."""
@@ -375,6 +398,7 @@ def verdicts(results: list[dict[str, Any]], settings: Settings) -> list[Verdict]
         lambda: api_requests(by_n),
         lambda: process_mode(by_n),
         lambda: progress(by_n),
+        lambda: tls(by_n),
         lambda: in_a_row(by_n),
     ]
     return [v for check in checks for v in check()]

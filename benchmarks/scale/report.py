@@ -19,6 +19,7 @@ from benchmarks.scale.settings import (
     HANG_SECONDS,
     HANG_STEPS_PER_SECOND,
     IN_PLACE_RAISED,
+    IN_PLACE_TLS,
     JOBSET,
     JOBSET_RAISED,
     PEER_MODES,
@@ -83,6 +84,7 @@ RATIOS = {
         "in_place_progress_over_in_place",
     ),
     PROGRESS_TWINS["process"]: ("process+progress / process", "process_progress_over_process"),
+    IN_PLACE_TLS: ("in-place-tls / in-place", "in_place_tls_over_in_place"),
 }
 """The ratio of medians a mode's row shows: its label, and its key in the results."""
 

@@ -6,10 +6,12 @@ subprocess for the whole run."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import functools
 import gc
 import logging
+import ssl
 import sys
 import uuid
 from collections.abc import Awaitable, Callable
@@ -44,6 +46,7 @@ from benchmarks.scale.settings import (
     HANG_SECONDS,
     HANG_STEPS_PER_SECOND,
     IN_PLACE_RAISED,
+    IN_PLACE_TLS,
     JOBSET,
     JOBSET_RAISED,
     PROGRESS_TWINS,
@@ -54,12 +57,13 @@ from benchmarks.scale.settings import (
     Settings,
 )
 from benchmarks.scale.stats import summarize
-from controller.k8s import NAMESPACES, NODES, Kube, NotFound
+from controller.k8s import NAMESPACES, NODES, SECRETS, AlreadyExists, Kube, NotFound
 from controller.policy.podspec import summary_seconds
+from controller.servingsecret import DEFAULT_SECRET as TLS_SECRET
 from localcluster.cluster import Cluster
 from localcluster.outofcluster import AddonProcess
 from localcluster.simkubelet import SimKubelet, SimProgress
-from localcluster.tools import ControllerProcess, controller_kubeconfig, install_crd
+from localcluster.tools import SYSTEM_NS, ControllerProcess, controller_kubeconfig, install_crd
 
 
 async def run_size(w: World) -> dict[str, Any]:
@@ -109,6 +113,8 @@ async def run_size(w: World) -> dict[str, Any]:
                     measure_gang, w, gang=gang, mode=mode, rows=rows, reports=reports
                 ),
             )  # fmt: skip
+        if IN_PLACE_TLS in w.settings.modes:
+            await measure_tls(w, startup, rows)
         # The peer last, on the same nodes, once GangJob's gangs are gone.
         if w.peer is not None and w.n <= w.settings.peer_max_size:
             await measure_peer(w, startup, rows)
@@ -172,6 +178,51 @@ async def run_gang(
         track_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await track_task
+
+
+async def measure_tls(w: World, startup: dict[str, float], rows: list[dict[str, Any]]) -> None:
+    """In-place restarts of a gang of its own with the controller serving arrivals over TLS, as
+    deployed: its own certificate (kept in the Secret of its namespace), on uvloop. The
+    controller is restarted for it and back to plain HTTP after; the simulated agents of the
+    gang trust the CA it hands their pods."""
+    plain = w.ctl
+    tls = ControllerProcess(
+        plain.kubeconfig, [*plain.args, f"--leader-election-namespace={SYSTEM_NS}"],
+        w.cluster.logs / "bench-restart-scale-controller-tls.log",
+        arrivals=True, arrival_tls=True,
+    )  # fmt: skip
+    with contextlib.suppress(AlreadyExists):  # as manifests/manager makes it: empty
+        await w.kube.create(
+            SECRETS, {"metadata": {"name": TLS_SECRET}, "type": "Opaque"}, SYSTEM_NS
+        )
+    url, client = w.s.arrival_url, w.s.arrival_client
+    plain.stop()
+    tls.start()
+    w.ctl = tls
+    try:
+        await asyncio.to_thread(tls.wait_ready)
+        secret = await w.kube.get(SECRETS, TLS_SECRET, SYSTEM_NS)
+        ca = base64.b64decode(secret["data"]["ca.crt"]).decode()
+        assert tls.arrival_url is not None
+        w.s.arrival_url = tls.arrival_url
+        w.s.arrival_client = HttpClient(
+            tls.arrival_url, ssl_context=ssl.create_default_context(cadata=ca),
+            max_idle=64, request_timeout=30.0,
+        )  # fmt: skip
+
+        async def in_place_tls(tracker: JobTracker) -> None:
+            for rep in range(w.settings.reps):
+                rows.append(await in_place(w, tracker, rep, "it", IN_PLACE_TLS))
+
+        await run_gang(w, "it", "Pod", "Pod (arrivals over TLS)", startup, rows, in_place_tls)
+    finally:
+        if w.s.arrival_client is not client and w.s.arrival_client is not None:
+            await w.s.arrival_client.close()
+        w.s.arrival_url, w.s.arrival_client = url, client
+        tls.stop()
+        plain.start()
+        w.ctl = plain
+        await asyncio.to_thread(plain.wait_ready)
 
 
 async def measure_peer(w: World, startup: dict[str, float], rows: list[dict[str, Any]]) -> None:

@@ -24,7 +24,11 @@ RESIZE = "resize"
 """An elastic gang resized in place by `replicas`, N -> 0.8 N -> N (rows `resize-down`,
 `resize-up`), on the in-place gang, made elastic for it: taken only when `--modes` names it."""
 RESIZE_ROWS = ("resize-down", "resize-up")
-SELECTABLE_MODES = (*MODES, HANG, RESIZE)
+IN_PLACE_TLS = "in-place-tls"
+"""The in-place restart of a gang of its own with the controller serving arrivals over TLS (its
+own certificate, on uvloop, as deployed), after the in-place gang with plain HTTP on asyncio:
+taken only when `--modes` names it (the controller is restarted for it, and back after)."""
+SELECTABLE_MODES = (*MODES, HANG, RESIZE, IN_PLACE_TLS)
 """What `--modes` may name."""
 PEERS = ("jobset",)
 """Peers `--peers` can measure beside GangJob in the same run."""
@@ -45,7 +49,7 @@ and in its twin whose trainers report (rows of their own, not restarts)."""
 PROGRESS_WINDOW_S = 120.0
 """The steady window's length: at least two summary periods at every N up to 6000."""
 REPORTED_MODES = (
-    "in-place", PROGRESS_TWINS["in-place"], "process", PROGRESS_TWINS["process"],
+    "in-place", PROGRESS_TWINS["in-place"], IN_PLACE_TLS, "process", PROGRESS_TWINS["process"],
     *MODES[2:], *RESIZE_ROWS, HANG, JOBSET, IN_PLACE_RAISED, JOBSET_RAISED,
 )  # fmt: skip
 """Every row a report can hold, in its order."""

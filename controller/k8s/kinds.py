@@ -69,6 +69,7 @@ class ResourceKind:
 PODS = ResourceKind("", "v1", "pods", "Pod")
 SERVICES = ResourceKind("", "v1", "services", "Service")
 CONFIGMAPS = ResourceKind("", "v1", "configmaps", "ConfigMap")
+SECRETS = ResourceKind("", "v1", "secrets", "Secret")
 NODES = ResourceKind("", "v1", "nodes", "Node", namespaced=False)
 NAMESPACES = ResourceKind("", "v1", "namespaces", "Namespace", namespaced=False)
 CORE_EVENTS = ResourceKind("", "v1", "events", "Event")

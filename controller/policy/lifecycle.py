@@ -181,7 +181,9 @@ def create(p: Pass) -> bool:
         if naming.worker_pod_name(job, rank) in taken:
             continue
         try:
-            pod = podspec.build_pod(job, rank, p.config.agent_image, p.config.arrival_url)
+            pod = podspec.build_pod(
+                job, rank, p.config.agent_image, p.config.arrival_url, p.config.arrival_ca
+            )
         except ValueError as e:
             return _invalid_template(p, e)
         if keep_off is None:
@@ -223,7 +225,9 @@ def place(p: Pass) -> bool:
         if keep_off:
             job = job_for_pods(p, p.effective_mode)
             try:
-                built = podspec.build_pod(job, rank, p.config.agent_image, p.config.arrival_url)
+                built = podspec.build_pod(
+                    job, rank, p.config.agent_image, p.config.arrival_url, p.config.arrival_ca
+                )
             except ValueError:
                 continue  # `create` says why the template cannot make workers
             affinity = finish_pod(built, p.effective_mode, keep_off)["spec"]["affinity"]

@@ -39,6 +39,8 @@ class PlanConfig:
     arrival_url: str | None = None
     """The controller's arrival endpoint as pods reach it (controller.arrivals); None: agents
     arrive by annotation only."""
+    arrival_ca: str | None = None
+    """The CA (PEM) of an `https://` `arrival_url`, given to every agent (policy/podspec.py)."""
     pod_groups_served: bool | None = None
     """The apiserver serves `scheduling.k8s.io/v1alpha2` PodGroups (KEP-4671), as discovered
     when this replica started leading; None: not discovered, and plan leaves gang scheduling

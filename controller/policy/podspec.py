@@ -34,6 +34,7 @@ from api.constants import (
     DEFAULT_PROGRESS_SUMMARY_SECONDS,
     ENV_AGENT_PORT,
     ENV_AGENT_RANK,
+    ENV_ARRIVAL_CA_PEM,
     ENV_ARRIVAL_TOKEN,
     ENV_ARRIVAL_URL,
     ENV_DIR,
@@ -187,7 +188,11 @@ def _merge_env(user_env: Iterable[Any], ours: list[dict[str, Any]]) -> list[dict
 
 
 def build_pod(
-    job: GangJob, worker: int, agent_image: str, arrival_url: str | None = None
+    job: GangJob,
+    worker: int,
+    agent_image: str,
+    arrival_url: str | None = None,
+    arrival_ca: str | None = None,
 ) -> dict[str, Any]:
     """The pod of worker number `worker` (`worker_pod_name`), built from its role's template.
 
@@ -250,7 +255,7 @@ def build_pod(
         "spec": spec,
     }
     mode = job.status.mode or job.spec.restart.mode
-    return apply_restart_mode(pod, job, mode, agent_image, arrival_url, role)
+    return apply_restart_mode(pod, job, mode, agent_image, arrival_url, role, arrival_ca)
 
 
 _RESTART_ALL_CONTAINERS: Final = "RestartAllContainers"
@@ -320,6 +325,7 @@ def apply_restart_mode(
     agent_image: str,
     arrival_url: str | None = None,
     role: Role | None = None,
+    arrival_ca: str | None = None,
 ) -> dict[str, Any]:
     """Shape the worker pod `build_pod` made of `role` (by default the first) for the restart
     mode in effect; returns `pod`, changed in place. The template's own volumes, containers and
@@ -329,7 +335,9 @@ def apply_restart_mode(
     Every mode: the trainer gets `restartPolicy: Never` (container level, which overrides the
     pod's) and `GANGJOB_DIR`; the pod runs as `WORKER_SERVICE_ACCOUNT` unless the template names
     a ServiceAccount. With `arrival_url` (the controller's arrival endpoint) the agent gets it,
-    and a token for it. Raises `PodSpecError` when the template cannot be shaped so.
+    and a token for it; with `arrival_ca` (PEM, for an `https://` endpoint) the CA to verify it
+    with, in its environment: the pod carries it from its creation, as it does the URL.
+    Raises `PodSpecError` when the template cannot be shaped so.
     """
     spec: dict[str, Any] = pod["spec"]
     role = role or job.spec.effective_roles[0]
@@ -363,6 +371,8 @@ def apply_restart_mode(
             {"name": ENV_ARRIVAL_URL, "value": arrival_url},
             {"name": ENV_ARRIVAL_TOKEN, "value": DEFAULT_ARRIVAL_TOKEN},
         ]
+        if arrival_ca and arrival_url.startswith("https://"):
+            agent_env.append({"name": ENV_ARRIVAL_CA_PEM, "value": arrival_ca})
 
     trainer["restartPolicy"] = "Never"
     shape = _SHAPERS[RESTART_MODES[mode].agent]

@@ -1,15 +1,20 @@
 """The controller as platform teams run it, on the real node: `kubectl apply -k manifests/local`
 (manifests/default with the images localcluster builds), two replicas behind the
 `gangjob-arrivals` Service that kube-proxy routes. A gang restarts in place with its arrivals
-over that Service; the leader's pod is deleted; another replica takes the Lease, the Service
-follows its label, the agents reach it, and the next failure restarts the gang in place again.
-A real Prometheus, in a pod, finds the replicas through the metrics Service and scrapes them, and
-its queries return the restart a test caused."""
+over that Service, over TLS with the certificate the controller made (its CA in the worker pods,
+a client with another CA refused, plain HTTP answered nothing); the leader's pod is deleted;
+another replica takes the Lease, the Service follows its label, the agents reach it, and the
+next failure restarts the gang in place again. A real Prometheus, in a pod, finds the replicas
+through the metrics Service and scrapes them, and its queries return the restart a test
+caused."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import datetime
+import hashlib
 import json
 import sys
 import time
@@ -20,10 +25,22 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
 
 from api import builders
-from controller.k8s import CONFIGMAPS, GANGJOBS, LEASES, PODS, JsonDict, Kube, ResourceKind
+from controller.k8s import (
+    CONFIGMAPS,
+    GANGJOBS,
+    LEASES,
+    PODS,
+    SECRETS,
+    JsonDict,
+    Kube,
+    ResourceKind,
+)
 from controller.manager import LEADER_LABEL
+from controller.runtime import certs
 from localcluster import node, prometheus
 from localcluster.cluster import Cluster
 from localcluster.controllerimage import CONTROLLER_IMAGE, controller_image
@@ -201,6 +218,14 @@ async def test_the_in_cluster_controller_fails_over_and_restarts_the_gang_in_pla
     assert metric(text, "gangjob_arrival_reports_total", {"result": "unauthorized"}) == 0
     assert all("gangjob.io/epoch" not in p["metadata"].get("annotations", {}) for p in pods)
     assert metric(scrape(node_cluster, standby_name), "gangjob_arrival_reports_total") == 0
+    # ... over TLS: the agents were given the CA of the controller's own certificate.
+    secret = await node_kube.get(SECRETS, "gangjob-arrival-tls", SYSTEM_NS)
+    tls = {k: base64.b64decode(v) for k, v in secret["data"].items()}
+    for p in pods:
+        env = _agent_env(p)
+        assert env["GANGJOB_ARRIVAL_URL"] == ARRIVAL_URL
+        assert env["GANGJOB_ARRIVAL_CA_PEM"].strip() == tls["ca.crt"].decode().strip()
+    await _probe_tls(node_kube, node_cluster, ns, "tls-probe-1", tls)
 
     # 2. The leader's pod goes: another replica takes the Lease within its lease duration. The
     # old leader releases it on SIGTERM, so the Deployment's replacement, polling as often as the
@@ -263,6 +288,9 @@ async def test_the_in_cluster_controller_fails_over_and_restarts_the_gang_in_pla
         60, "three agents holding their reports with the new leader",
     )  # fmt: skip
 
+    # The new leader serves the same certificate, kept in the Secret.
+    await _probe_tls(node_kube, node_cluster, ns, "tls-probe-2", tls)
+
     # 4. Prometheus' way in: the metrics Service, from a pod.
     await _scrape_through_service(node_kube, node_cluster, ns)
 
@@ -280,6 +308,82 @@ async def _when(got: Awaitable[T], want: T) -> T | None:
 async def _metric_at_least(cluster: Cluster, pod: str, name: str, value: float) -> float | None:
     got = await asyncio.to_thread(lambda: metric(scrape(cluster, pod), name))
     return got if got >= value else None
+
+
+ARRIVAL_URL = f"https://gangjob-arrivals.{SYSTEM_NS}.svc:8082"
+
+
+def _agent_env(pod: JsonDict) -> dict[str, str]:
+    spec = pod["spec"]
+    for c in [*spec.get("initContainers", []), *spec["containers"]]:
+        env = {e["name"]: e["value"] for e in c.get("env") or [] if "value" in e}
+        if "GANGJOB_ARRIVAL_URL" in env:
+            return env
+    raise AssertionError(f"no agent in {pod['metadata']['name']}")
+
+
+# From a pod, as an agent would: a TLS client trusting the CA handed to the pods verifies the
+# endpoint (and sees the certificate the Secret holds); one trusting another CA is refused
+# before it sends anything; a plain-HTTP request is answered no HTTP at all.
+TLS_PROBE = r"""
+import hashlib, os, socket, ssl
+host, port = os.environ["HOST"], 8082
+ok = ssl.create_default_context(cadata=os.environ["CA"])
+with socket.create_connection((host, port), timeout=10) as raw:
+    with ok.wrap_socket(raw, server_hostname=host) as s:
+        print("verified", hashlib.sha256(s.getpeercert(binary_form=True)).hexdigest())
+wrong = ssl.create_default_context(cadata=os.environ["WRONG_CA"])
+try:
+    with socket.create_connection((host, port), timeout=10) as raw:
+        wrong.wrap_socket(raw, server_hostname=host)
+    print("wrong CA: accepted")
+except ssl.SSLCertVerificationError as e:
+    print("wrong CA: refused", e.verify_message)
+with socket.create_connection((host, port), timeout=10) as s:
+    s.sendall(b"POST /v1/arrivals HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t\r\n"
+              b"Content-Length: 2\r\n\r\n{}")
+    answer = b""
+    while chunk := s.recv(4096):
+        answer += chunk
+print("plain HTTP answered:", repr(answer[:16]))
+"""
+
+
+async def _probe_tls(
+    kube: Kube, cluster: Cluster, ns: str, name: str, tls: dict[str, bytes]
+) -> None:
+    wrong_ca = certs.make_ca(datetime.datetime.now(datetime.UTC))[0].decode()
+    env = {"HOST": f"gangjob-arrivals.{SYSTEM_NS}.svc", "CA": tls["ca.crt"].decode(),
+           "WRONG_CA": wrong_ca}  # fmt: skip
+    body: dict[str, Any] = {
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {
+                    "name": "probe",
+                    "image": node.AGENT_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["/usr/bin/python3", "-c", TLS_PROBE],
+                    "env": [{"name": k, "value": v} for k, v in env.items()],
+                }
+            ],
+        },
+    }
+    await kube.create(PODS, body, ns)
+    done = await wait_for(
+        kube, PODS, name, ns,
+        lambda p: p.get("status", {}).get("phase") in ("Succeeded", "Failed"), 90, "finished",
+    )  # fmt: skip
+    log = kubectl(cluster, "-n", ns, "logs", name)
+    print(log)
+    assert done["status"]["phase"] == "Succeeded", log
+    served = x509.load_pem_x509_certificate(tls["tls.crt"]).public_bytes(Encoding.DER)
+    assert f"verified {hashlib.sha256(served).hexdigest()}" in log
+    assert "wrong CA: refused" in log
+    (answered,) = [line for line in log.splitlines() if line.startswith("plain HTTP answered:")]
+    assert "HTTP/" not in answered, answered
 
 
 SCRAPE = r"""

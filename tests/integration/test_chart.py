@@ -145,7 +145,7 @@ def test_the_values_reach_the_objects_they_name() -> None:
     # The Lease stays where the Role grants it, not in the watched namespace.
     assert "--leader-election-namespace=ml-platform" in args
     assert "--arrival-bind-address=:9000" in args
-    assert "--arrival-url=http://gangjob-arrivals.ml-platform.svc:9000" in args
+    assert "--arrival-url=https://gangjob-arrivals.ml-platform.svc:9000" in args
     arrivals = objs[("Service", "gangjob-arrivals")]
     assert arrivals["spec"]["ports"] == [{"name": "arrivals", "port": 9000,
                                           "targetPort": "arrivals"}]  # fmt: skip
@@ -157,6 +157,63 @@ def test_the_values_reach_the_objects_they_name() -> None:
     assert ("Service", "gangjob-arrivals") not in off
     assert not [a for a in manager(off)["args"] if a.startswith("--arrival")]
     assert [p["name"] for p in manager(off)["ports"]] == ["metrics", "health"]
+    assert ("Secret", "gangjob-arrival-tls") not in off
+
+
+def _secret_rules(objs: dict[tuple[str, str], Obj]) -> list[Obj]:
+    role = objs[("Role", "gangjob-leader-election")]
+    return [r for r in role["rules"] if "secrets" in r["resources"]]
+
+
+def test_arrivals_are_served_over_tls_by_default_with_the_controllers_own_certificate() -> None:
+    objs = render("ml-platform")
+    args = manager(objs)["args"]
+    assert "--arrival-url=https://gangjob-arrivals.ml-platform.svc:8082" in args
+    assert not [a for a in args if a.startswith("--arrival-tls")]  # its own, default Secret
+    # The chart makes the Secret (uninstall removes it); the controller may only read and
+    # update that one.
+    secret = objs[("Secret", "gangjob-arrival-tls")]
+    assert secret["type"] == "Opaque"
+    assert "data" not in secret
+    assert _secret_rules(objs) == [
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["gangjob-arrival-tls"],
+         "verbs": ["get", "update"]}
+    ]  # fmt: skip
+    named = render("ml-platform", "arrivals.tls.secretName=arrivals-cert")
+    assert "--arrival-tls-secret=arrivals-cert" in manager(named)["args"]
+    assert ("Secret", "arrivals-cert") in named
+    assert _secret_rules(named)[0]["resourceNames"] == ["arrivals-cert"]
+    # Plain HTTP only when asked for: no Secret, no access to one.
+    plain = render("ml-platform", "arrivals.tls.enabled=false")
+    assert "--arrival-url=http://gangjob-arrivals.ml-platform.svc:8082" in manager(plain)["args"]
+    assert ("Secret", "gangjob-arrival-tls") not in plain
+    assert _secret_rules(plain) == []
+
+
+def test_arrivals_can_be_served_with_a_cert_manager_certificate() -> None:
+    objs = render(
+        "ml-platform",
+        "arrivals.tls.certManager.enabled=true",
+        "arrivals.tls.certManager.issuerRef.name=my-ca",
+        "arrivals.tls.certManager.issuerRef.kind=ClusterIssuer",
+    )
+    cert = objs[("Certificate", "gangjob-arrivals")]
+    assert cert["spec"]["secretName"] == "gangjob-arrival-tls"
+    assert cert["spec"]["issuerRef"] == {"name": "my-ca", "kind": "ClusterIssuer"}
+    assert cert["spec"]["dnsNames"][0] == "gangjob-arrivals.ml-platform.svc"
+    c = manager(objs)
+    tls_dir = "/var/run/secrets/gangjob.io/arrival-tls"
+    for flag, key in (("cert", "tls.crt"), ("key", "tls.key"), ("ca", "ca.crt")):
+        assert f"--arrival-tls-{flag}-file={tls_dir}/{key}" in c["args"]
+    assert c["volumeMounts"] == [{"name": "arrival-tls", "mountPath": tls_dir, "readOnly": True}]
+    pod = objs[("Deployment", "gangjob-controller")]["spec"]["template"]["spec"]
+    assert pod["volumes"] == [
+        {"name": "arrival-tls", "secret": {"secretName": "gangjob-arrival-tls"}}
+    ]
+    # cert-manager makes and owns the Secret: the chart neither makes it nor lets the controller
+    # touch it (the kubelet mounts it).
+    assert ("Secret", "gangjob-arrival-tls") not in objs
+    assert _secret_rules(objs) == []
 
 
 def _ref(obj: Obj) -> str:
@@ -209,7 +266,8 @@ def test_helm_install_upgrade_and_uninstall_leave_nothing_behind(
     objs = list(render(ns).values())
     helm(sim_cluster, "install", RELEASE, CHART, "-n", ns, "--wait", "--timeout=180s")
     present = _present(sim_cluster, objs, ns)
-    assert len(present) == len(objs) == 15  # with the dashboard and both admission policies
+    # With the dashboard, both admission policies and the arrival certificate's Secret.
+    assert len(present) == len(objs) == 16
     wait_crd_established(sim_cluster)
     deploy = json.loads(kubectl(sim_cluster, "-n", ns, "get", "deploy/gangjob-controller",
                                 "-o", "json"))  # fmt: skip

@@ -29,7 +29,14 @@ def test_manifests_apply_on_the_real_apiserver(sim_cluster: Cluster) -> None:
     assert service["spec"]["selector"]["gangjob.io/arrivals"] == "leader"
     deploy = next(o for o in objects if o["kind"] == "Deployment")
     args = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert "--arrival-url=http://gangjob-arrivals.gangjob-system.svc:8082" in args
+    assert "--arrival-url=https://gangjob-arrivals.gangjob-system.svc:8082" in args
+    # Its own certificate's Secret: made empty, and the only Secret the controller may touch.
+    secret = next(o for o in objects if o["kind"] == "Secret")
+    assert secret["metadata"]["name"] == "gangjob-arrival-tls"
+    assert "data" not in secret
+    election = next(o for o in objects if o["kind"] == "Role")
+    assert {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["gangjob-arrival-tls"],
+            "verbs": ["get", "update"]} in election["rules"]  # fmt: skip
     role = next(o for o in objects if o["kind"] == "ClusterRole" and o["metadata"]["name"] ==
                 "gangjob-controller")  # fmt: skip
     assert {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"],

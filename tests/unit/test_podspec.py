@@ -795,3 +795,24 @@ def test_arrival_endpoint_gives_the_agent_its_url_and_an_audience_bound_token(
     # Without it, nothing of the kind.
     plain = build_pod(job, 0, AGENT)["spec"]
     assert all(v["name"] != "gangjob-arrival-token" for v in plain["volumes"])
+
+
+@pytest.mark.parametrize("mode", [RestartMode.POD, RestartMode.PROCESS, RestartMode.RECREATE])
+def test_an_https_endpoint_gives_the_agent_the_ca_beside_the_token(mode: RestartMode) -> None:
+    """The CA of an https:// endpoint travels as the URL does: in the agent's environment,
+    from the pod's creation; an http:// endpoint gets none (the agent would refuse one)."""
+    job = make_job(restart={"mode": mode.value})
+    ca = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+    url = "https://gangjob-arrivals.gangjob-system.svc:8082"
+    spec = build_pod(job, 0, AGENT, url, ca)["spec"]
+    if mode is RestartMode.PROCESS:
+        agent = container(spec, "trainer")
+    else:
+        agent = container(spec, "gangjob-agent", "initContainers")
+    env = {e["name"]: e.get("value") for e in agent["env"]}
+    assert env["GANGJOB_ARRIVAL_URL"] == url
+    assert env["GANGJOB_ARRIVAL_CA_PEM"] == ca
+    plain = build_pod(job, 0, AGENT, "http://127.0.0.1:8082", ca)["spec"]
+    names = [e["name"] for c in plain.get("initContainers", []) + plain["containers"]
+             for e in c.get("env") or []]  # fmt: skip
+    assert "GANGJOB_ARRIVAL_CA_PEM" not in names
