@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from controller.k8s.errors import AlreadyExists, ApiError, NotFound
+from controller.k8s.errors import AlreadyExists, ApiError, Conflict, NotFound
 from controller.k8s.kinds import LEASES, JsonDict
 from controller.k8s.verbs import ObjectApi
 from controller.runtime import metrics
@@ -269,30 +269,52 @@ class LeaderElector:
         return period * (1 + random.random() * 0.2)
 
     async def release(self) -> bool:
-        """Give the lease up if we still hold it (so a successor need not wait it out)."""
+        """Give the lease up if we still hold it (so a successor need not wait it out).
+
+        Our copy can be one write behind: a renewal cancelled in flight (a SIGTERM stops the
+        renewing task mid-request) may have reached the apiserver without its answer reaching
+        us. Its Conflict is then ours, not a successor's: re-read once, and release the fresh
+        copy if it still names us."""
         cfg = self.config
-        if self._lease is None or LeaseRecord.from_lease(self._lease).holder_identity != (
-            cfg.identity
-        ):
-            return False
-        body = copy.deepcopy(self._lease)
-        record = released_record(LeaseRecord.from_lease(self._lease), self._wall())
-        body["spec"] = {**(body.get("spec") or {}), **record.to_spec()}
-        try:
-            written = await self._client.replace(
-                LEASES,
-                cfg.name,
-                body,
-                cfg.namespace,
-                request_timeout=cfg.request_timeout,
-                retry=False,
-            )
-        except ApiError as error:
-            log.warning("lease %s/%s: release failed: %s", cfg.namespace, cfg.name, error)
-            return False
-        self._lease = written
-        self._observation.observe(LeaseRecord.from_lease(written), self._clock.now())
-        return True
+        lease = self._lease
+        for attempt in range(2):
+            if lease is None or LeaseRecord.from_lease(lease).holder_identity != cfg.identity:
+                return False
+            body = copy.deepcopy(lease)
+            record = released_record(LeaseRecord.from_lease(lease), self._wall())
+            body["spec"] = {**(body.get("spec") or {}), **record.to_spec()}
+            try:
+                written = await self._client.replace(
+                    LEASES,
+                    cfg.name,
+                    body,
+                    cfg.namespace,
+                    request_timeout=cfg.request_timeout,
+                    retry=False,
+                )
+            except Conflict:
+                if attempt:
+                    log.warning("lease %s/%s: release conflicted twice", cfg.namespace, cfg.name)
+                    return False
+                try:
+                    lease = await self._client.get(
+                        LEASES,
+                        cfg.name,
+                        cfg.namespace,
+                        request_timeout=cfg.request_timeout,
+                        retry=False,
+                    )
+                except ApiError as error:
+                    log.warning("lease %s/%s: release failed: %s", cfg.namespace, cfg.name, error)
+                    return False
+                continue
+            except ApiError as error:
+                log.warning("lease %s/%s: release failed: %s", cfg.namespace, cfg.name, error)
+                return False
+            self._lease = written
+            self._observation.observe(LeaseRecord.from_lease(written), self._clock.now())
+            return True
+        return False
 
     async def acquire(self) -> None:
         """Return once we hold the lease, retrying every retry_period (jittered)."""

@@ -130,6 +130,26 @@ async def test_release_lets_the_next_candidate_in_at_once() -> None:
     assert not await a.release(), "a no longer holds it"
 
 
+async def test_release_after_a_renewal_whose_answer_was_lost_still_releases() -> None:
+    # A SIGTERM cancels the renewing task mid-request: the apiserver took the renewal, the
+    # elector never saw its answer, and its copy is one resourceVersion behind.
+    api, clock = FakeApi(), JumpClock()
+    a = LeaderElector(api, config("a"), clock=clock)
+    b = LeaderElector(api, config("b"), clock=clock)
+    await a.acquire()
+    key = (LEASES.resource, "sys", "gangjob-controller")
+    stale = a._lease
+    assert await a.try_acquire_or_renew()  # the renewal that landed
+    a._lease = stale
+    assert await a.release()
+    assert api.objects[key]["spec"]["holderIdentity"] == ""
+    assert await b.try_acquire_or_renew()
+    # Taken by b meanwhile: a's stale copy conflicts, the re-read names b, nothing is written.
+    a._lease = stale
+    assert not await a.release()
+    assert api.objects[key]["spec"]["holderIdentity"] == "b"
+
+
 async def test_run_stops_leading_when_renewals_fail_past_the_deadline() -> None:
     api, clock = FakeApi(), JumpClock()
     api.down_after_calls = 4  # get + create to acquire, two renewals, then unreachable
