@@ -235,23 +235,23 @@ class LeaderElector:
         cfg = self.config
         current = LeaseRecord.from_lease(lease)
         record = next_record(current, cfg.identity, cfg.lease_duration, self._wall())
-        body = copy.deepcopy(lease)
-        body["spec"] = {**(lease.get("spec") or {}), **record.to_spec()}
         try:
             # The body carries the resourceVersion we read: a concurrent writer wins, we lose.
-            written = await self._client.replace(
-                LEASES,
-                cfg.name,
-                body,
-                cfg.namespace,
-                request_timeout=self._timeout(deadline),
-                retry=False,
-            )
+            written = await self._put(lease, record, self._timeout(deadline))
         except ApiError as error:
             log.info("lease %s/%s: update failed: %s", cfg.namespace, cfg.name, error)
             return False
         self._accept(written)
         return True
+
+    async def _put(self, lease: JsonDict, record: LeaseRecord, timeout: float) -> JsonDict:
+        """`lease` (its resourceVersion with it) written with `record`'s spec."""
+        cfg = self.config
+        body = copy.deepcopy(lease)
+        body["spec"] = {**(lease.get("spec") or {}), **record.to_spec()}
+        return await self._client.replace(
+            LEASES, cfg.name, body, cfg.namespace, request_timeout=timeout, retry=False
+        )
 
     def _accept(self, lease: JsonDict) -> None:
         self._lease = lease
@@ -280,18 +280,9 @@ class LeaderElector:
         for attempt in range(2):
             if lease is None or LeaseRecord.from_lease(lease).holder_identity != cfg.identity:
                 return False
-            body = copy.deepcopy(lease)
             record = released_record(LeaseRecord.from_lease(lease), self._wall())
-            body["spec"] = {**(body.get("spec") or {}), **record.to_spec()}
             try:
-                written = await self._client.replace(
-                    LEASES,
-                    cfg.name,
-                    body,
-                    cfg.namespace,
-                    request_timeout=cfg.request_timeout,
-                    retry=False,
-                )
+                written = await self._put(lease, record, cfg.request_timeout)
             except Conflict:
                 if attempt:
                     log.warning("lease %s/%s: release conflicted twice", cfg.namespace, cfg.name)
