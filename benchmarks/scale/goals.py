@@ -322,14 +322,20 @@ def progress(results: Results) -> list[Verdict]:
         f"in-place restart with progress on within {100 * (PROGRESS_OVER_OFF_MAX - 1):g}% of "
         f"off at N={PROGRESS_RESTART_AT}"
     )
-    res, why = _at(results, PROGRESS_RESTART_AT)
-    ratio = res.get("in_place_progress_over_in_place") if res else None
+    twin = _twin(results, goal, PROGRESS_RESTART_AT, "in-place+progress", PROGRESS_OVER_OFF_MAX)
+    return [*out, twin or Verdict(goal, None, "", "--progress not measured")]
+
+
+def _twin(results: Results, goal: str, n: int, mode: str, limit: float) -> Verdict | None:
+    """In place measured again as `mode` (its twin gang) against in place, same run: within
+    `limit` times; None if either is missing at N=`n`."""
+    res, _ = _at(results, n)
+    key = f"{mode.replace('-', '_').replace('+', '_')}_over_in_place"
+    ratio = res.get(key) if res else None
     if res is None or ratio is None:
-        return [*out, Verdict(goal, None, "", why or "--progress not measured")]
-    on, off = median(res, "in-place+progress"), median(res, "in-place")
-    figures = f"{on} s / {off} s = {ratio}x"
-    slow = slowest(res, "in-place+progress")
-    return [*out, Verdict(goal, ratio <= PROGRESS_OVER_OFF_MAX, figures, slow)]
+        return None
+    figures = f"{median(res, mode)} s / {median(res, 'in-place')} s = {ratio}x"
+    return Verdict(goal, ratio <= limit, figures, slowest(res, mode))
 
 
 def tls(results: Results) -> list[Verdict]:
@@ -338,13 +344,11 @@ def tls(results: Results) -> list[Verdict]:
         f"in-place restart with arrivals over TLS within {100 * (TLS_OVER_PLAIN_MAX - 1):g}% "
         f"of plain HTTP at N={TLS_AT}"
     )
-    res, why = _at(results, TLS_AT)
-    ratio = res.get("in_place_tls_over_in_place") if res else None
-    if res is None or ratio is None:
-        return [Verdict(goal, None, "", why or f"{IN_PLACE_TLS} and in-place not both measured")]
-    on, off = median(res, IN_PLACE_TLS), median(res, "in-place")
-    figures = f"{on} s / {off} s = {ratio}x"
-    return [Verdict(goal, ratio <= TLS_OVER_PLAIN_MAX, figures, slowest(res, IN_PLACE_TLS))]
+    _, why = _at(results, TLS_AT)
+    twin = _twin(results, goal, TLS_AT, IN_PLACE_TLS, TLS_OVER_PLAIN_MAX)
+    return [
+        twin or Verdict(goal, None, "", why or f"{IN_PLACE_TLS} and in-place not both measured")
+    ]
 
 
 def in_a_row(results: Results) -> list[Verdict]:

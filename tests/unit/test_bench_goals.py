@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.scale.goals import in_a_row, progress, resize
+from benchmarks.scale.goals import in_a_row, progress, resize, tls
 
 
 def runs(mode: str, seconds: list[float], rss: list[float]) -> list[dict[str, Any]]:
@@ -84,3 +84,19 @@ def test_each_resize_is_judged_against_in_place_of_the_same_run() -> None:
     assert "epoch->barrier 6.40 s" in up.why
     (down, _) = resize({1000: {"workers": 1000, "modes": {"in-place": in_place}}})
     assert down.met is None
+
+
+def test_tls_is_judged_on_its_twin_against_plain_in_place() -> None:
+    modes = {
+        "in-place": {"seconds": {"median": 10.0}},
+        "in-place-tls": {"seconds": {"median": 10.8}, "steps": {}},
+    }
+    res = {"workers": 1000, "in_place_tls_over_in_place": 1.08, "modes": modes, "runs": []}
+    (verdict,) = tls({1000: res})
+    assert verdict.met is True
+    assert verdict.figures == "10.8 s / 10.0 s = 1.08x"
+    res["in_place_tls_over_in_place"] = 1.23
+    assert tls({1000: res})[0].met is False
+    (missing,) = tls({100: {"workers": 100, "modes": {}}})
+    assert missing.met is None
+    assert "N=1000 not in this run" in missing.why
