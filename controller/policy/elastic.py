@@ -160,10 +160,11 @@ def _members_before(p: Pass) -> set[int]:
 
 
 def _first_pass(p: Pass, elastic: ElasticSpec | None) -> None:
-    """The world of epoch 0: every worker but the spares, the highest numbers."""
+    """The world of epoch 0: every worker but the spares, the highest numbers but the
+    coordinator."""
     workers = len(p.job.spec.workers)
     if elastic is not None and elastic.spares:
-        p.status.dropped = list(range(workers - elastic.spares, workers))
+        p.status.dropped = sorted(_to_spares(p, set(), elastic.spares))
     p.status.world_size = workers - len(p.dropped())
 
 

@@ -381,3 +381,9 @@ def test_the_pod_group_counts_the_spares() -> None:
 def test_spares_need_process_mode() -> None:
     with pytest.raises(ValueError, match=r"elastic\.spares requires spec\.restart\.mode Process"):
         make_job(4, elastic=SPARES["elastic"])
+
+
+def test_the_coordinator_is_never_a_spare_from_the_start() -> None:
+    spec = {**SPARES, "coordinator": {"role": "worker", "index": 4}}
+    result = plan(gang(4, GangJobStatus(), pods=[], **spec))
+    assert (result.status.world_size, result.status.dropped) == (4, [3])
