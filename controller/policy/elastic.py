@@ -18,10 +18,16 @@ Ranks stay dense: a worker's `RANK` is its number less the dropped workers below
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime, timedelta
 from typing import Final
 
-from api.constants import REASON_SPARE_TOOK_OVER, REASON_WORKER_RECREATED, REASON_WORKER_REMOVED
+from api.constants import (
+    REASON_GANG_RESTARTING,
+    REASON_SPARE_TOOK_OVER,
+    REASON_WORKER_RECREATED,
+    REASON_WORKER_REMOVED,
+)
 from api.failures import FailureClass
 from api.v1alpha1 import ElasticSpec, FailureAction, RestartRecord, RestartTrigger
 from controller.policy import classify, restart
@@ -249,6 +255,13 @@ def resize(p: Pass) -> bool:
         )
         p.restart_started = record
         p.status.last_restart = record
+        # And so does the bump's Event, which `kubectl describe gj` shows.
+        p.events = [
+            dataclasses.replace(e, message=f"{e.message}; {detail}")
+            if e.reason == REASON_GANG_RESTARTING
+            else e
+            for e in p.events
+        ]
         return False
     trigger = RestartTrigger(
         worker=None,

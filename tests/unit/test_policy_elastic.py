@@ -297,6 +297,8 @@ def test_a_placed_arrived_spare_takes_a_lost_workers_place_in_the_same_bump() ->
     assert trigger.detail.endswith("; spare 4 takes worker 2's place")
     assert [d.name for d in result.delete_pods] == ["llama-2"]  # the spare's pod is kept
     assert any(e.reason == REASON_SPARE_TOOK_OVER for e in result.events)
+    (restarting,) = (e for e in result.events if e.reason == "GangRestarting")
+    assert restarting.message.endswith("; spare 4 takes worker 2's place")
     # The barrier of 1 waits for 0, 1, 3 and the spare, not for worker 2's new pod.
     status = result.status
     after = [worker(r, 1) for r in (0, 1, 3, 4)]
