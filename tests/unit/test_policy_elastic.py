@@ -299,13 +299,15 @@ def test_a_placed_arrived_spare_takes_a_lost_workers_place_in_the_same_bump() ->
     assert any(e.reason == REASON_SPARE_TOOK_OVER for e in result.events)
     (restarting,) = (e for e in result.events if e.reason == "GangRestarting")
     assert restarting.message.endswith("; spare 4 takes worker 2's place")
-    # The barrier of 1 waits for 0, 1, 3 and the spare, not for worker 2's new pod.
-    status = result.status
+    # The barrier of 1 waits for 0, 1, 3 and the spare, not for worker 2's new pod, which is
+    # made once the barrier opens: a pass while the agents arrive has no pod to create.
+    arriving = [worker(r, 1) for r in (0, 1, 3)] + [worker(4, 0)]
+    assert plan(spare_gang(arriving, result.status)).create_pods == []
     after = [worker(r, 1) for r in (0, 1, 3, 4)]
-    assert plan(spare_gang(after, status)).status.barrier_epoch == 1
+    opened = plan(spare_gang(after, result.status))
+    assert opened.status.barrier_epoch == 1
     # Worker 2's new pod is created, out of the world: a spare once placed.
-    created = plan(spare_gang(after, status)).create_pods
-    assert [p["metadata"]["name"] for p in created] == ["llama-2"]
+    assert [p["metadata"]["name"] for p in opened.create_pods] == ["llama-2"]
 
 
 def test_a_spare_not_arrived_is_not_swapped_in() -> None:
