@@ -653,6 +653,9 @@ async def waited(
     return row
 
 
+NO_CAPACITY_SETTLE_S = 2.0
+
+
 @contextlib.asynccontextmanager
 async def no_capacity(w: World) -> AsyncIterator[None]:
     """No room for a new pod while inside: every node of the run tainted NoSchedule (their
@@ -666,6 +669,9 @@ async def no_capacity(w: World) -> AsyncIterator[None]:
     held = [node for node in w.nodes if node not in w.lost]
     for node in held:
         await w.kube.patch(NODES, node, {"spec": {"taints": [*taints(node), full]}})
+    # The node changes wake the controller (a pass of every gang on them) and the
+    # controller-manager: the loss measured after them is the loss alone.
+    await asyncio.sleep(NO_CAPACITY_SETTLE_S)
     try:
         yield
     finally:
