@@ -248,16 +248,19 @@ def elastic_at_minimum(p: Pass) -> Cause | None:
     if elastic is None or p.status.barrier_epoch == p.status.epoch or p.is_finished():
         return None
     wait = timedelta(seconds=elastic.wait_seconds)
+    # Not a pod this pass deletes (a laggard recreated): the next pass, which sees it
+    # terminating, must say the same.
+    staying = p.staying()
     waiting = [
         w
         for w in p.active()
-        if (pod := p.gang.live.get(w)) is not None
+        if (pod := staying.get(w)) is not None
         and (since := unschedulable_since(pod)) is not None
         and p.now - since >= wait
     ]
     if not waiting:
         return None
-    named = "; ".join(_laggard(p, w, p.gang.live.get(w)) for w in waiting[:SHOWN])
+    named = "; ".join(_laggard(p, w, staying.get(w)) for w in waiting[:SHOWN])
     more = f"; and {len(waiting) - SHOWN} more" if len(waiting) > SHOWN else ""
     coordinator = p.job.spec.coordinator_worker.worker
     why = (

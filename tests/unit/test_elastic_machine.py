@@ -470,3 +470,21 @@ def test_a_spare_takes_a_lost_workers_place_in_place_and_the_new_pod_becomes_a_s
     assert {m.given[1][r] for r in (0, 1, 3)} == {first[0], first[1], first[4]}
     assert m.pods["llama-2"].uid not in m.given[1].values()
     assert m.pods["llama-2"].node == "node-3"  # placed: the next spare
+
+
+def test_a_laggard_recreated_at_the_minimum_says_the_same_stuck_reason_twice() -> None:
+    # Found by the machine: with waitSeconds 0, the pass that recreated worker 0 (past the
+    # barrier timeout, no node for it) said ElasticAtMinimum of the pod it deleted, and the
+    # next pass, seeing it terminating, BarrierStalled.
+    m = ElasticMachine()
+    m.start(replicas=1, barrier_timeout=60, spares=0, wait=0)
+    m.resize(replicas=2)
+    m.gang_settles()
+    for node in ("node-0", "node-1", "node-2"):
+        m.node_lost(_Draw(node))
+    m.kubelet()
+    m.gang_settles()
+    m.tick(70)
+    m.gang_settles()  # asserts that planning again over each pass's outcome changes nothing
+    status = m.job.status
+    assert (status.world_size, status.dropped) == (1, [1])
