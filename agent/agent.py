@@ -432,12 +432,13 @@ class Agent:
         return in_world(self.config.rank, state)
 
     async def _outside_world(self, target: int) -> JobState:
-        """A surplus worker of an elastic resize at the barrier of `target`: its pod is being
-        deleted, and it must run nothing at `target`, whose world has no place for its rank.
-        Waits, its trainer held, until the gang moves on or finishes."""
+        """A worker outside the world of `target` at its barrier: a spare (`elastic.spares`),
+        or a surplus worker of an elastic resize whose pod is being deleted. It must run
+        nothing at `target`, whose world has no place for it. Waits, its trainer held, until
+        the gang moves on (a spare may then be a member) or finishes."""
         self._set(barrier_open=False, step=Step.WAITING_FOR_EPOCH)
         self.log.info(
-            "rank %s is outside the world of epoch %d: holding the trainer",
+            "worker %s is outside the world of epoch %d (a spare): holding the trainer",
             self.config.rank,
             target,
         )
@@ -581,7 +582,7 @@ class Agent:
         state = await self._wait_job(lambda s: barrier(s, target) is not Barrier.WAIT)
         if barrier(state, target) is Barrier.OPEN:
             if not self._in_world(state):
-                return state  # a surplus worker: the probe stays shut (`_outside_world`)
+                return state  # a spare or surplus worker: the probe stays shut (`_outside_world`)
             self._write_world_file(target, state)
             self._write_epoch_file(target)
             # Process mode is RUNNING once its trainer is.

@@ -292,13 +292,31 @@ gone) whose pod stays `Unschedulable` for `elastic.waitSeconds` is dropped at th
 reason `ElasticAtMinimum`). `status.dropped` lists such workers; their pods stay, pending, and a
 worker's `RANK` is its number less the dropped workers below it. Once a dropped worker's pod is
 placed, it rejoins at a new epoch, `resized 7 -> 8 (capacity returned)`, at most once per
-`elastic.growAfterSeconds`. Keep `waitSeconds` below `restart.barrierTimeoutSeconds`.
+`elastic.growAfterSeconds`. Keep `waitSeconds` below `restart.barrierTimeoutSeconds`. With
+`waitSeconds: 0` the gang does not wait for a recreated worker at all: it goes on without it in
+the restart that recreates it, `resized 8 -> 7 (worker lost, no spare)`, and takes it back once
+its new pod is placed.
+
+**Spares.** With `elastic.spares: S` (restart mode `Process` only: refused at admission
+otherwise, `elastic.spares requires spec.restart.mode Process`), the gang has `replicas + S`
+pods, `<job>-0` .. `<job>-<replicas+S-1>`, scheduled together; `S` of them, at first the
+highest numbers, are spares: listed in `status.dropped`, never counted in `WORLD_SIZE`, their
+agent up and arrived at every epoch but their trainer not started. When a restart recreates a
+worker of the world (its node lost, its device gone, a `RecreateWorker` rule), a spare whose
+pod runs on a healthy node and whose agent arrived takes its place in that same restart: the
+detail says `spare 9 takes worker 3's place`, with a `SpareTookOver` Event. No pod is
+scheduled or started on the restart's critical path: node loss costs about an in-place
+restart. The recreated worker's new pod is created in the background, out of the world, and is
+the next spare once placed; a spare whose own node is lost is replaced the same way, with no
+restart. Ranks stay dense by number, so the ranks of the workers between the lost one and the
+spare move down by one. The coordinator (`MASTER_ADDR`, worker 0) is never replaced by a spare:
+every pod's `MASTER_ADDR` names its pod, so its loss waits for its new pod as without spares.
 
 A job queued by Kueue (label `kueue.x-k8s.io/queue-name`) keeps the size Kueue admitted: the
 admission policy of `manifests/policy` (`gangjob-queued-size`) refuses a new `replicas` for it;
-it still shrinks and grows for capacity, which keeps its pods. Not built yet: spares. With gang
-scheduling, the PodGroup's `minCount` is `minReplicas` (the group `<job>-of-<minReplicas>`), so
-a resized gang keeps its PodGroup.
+it still shrinks and grows for capacity, which keeps its pods. With gang scheduling, the
+PodGroup's `minCount` is `minReplicas + spares` (the group `<job>-of-<minCount>`), so a resized
+gang keeps its PodGroup.
 """
 
 

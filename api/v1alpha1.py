@@ -184,6 +184,10 @@ _MATCHERS_MAX: Final = 20
 _MESSAGE_PATTERNS_MAX: Final = 8
 _ROLES_MAX: Final = 8
 _ELASTIC_DROPPED_MAX: Final = 10000
+SPARES_NEED_PROCESS: Final = (
+    "elastic.spares requires spec.restart.mode Process: a spare idles with its agent up and "
+    "its trainer not started, which in Pod and Recreate modes is the pod's own container"
+)
 _DEPENDENCIES_MAX: Final = 8
 # A role's name is part of its pods' names, `<job>-<role>-<index>`, which are DNS labels.
 _ROLE_NAME_MAX: Final = 20
@@ -785,7 +789,9 @@ class ElasticSpec(_Model):
         description="How long a worker being recreated (its node lost, its device gone) may "
         "wait with its pod Unschedulable before the gang goes on without it, at the next "
         "epoch, while the gang stays at or above `minReplicas`; the coordinator (`MASTER_ADDR`, "
-        "worker 0 by default) is always waited for.",
+        "worker 0 by default) is always waited for. 0: the gang waits for no such worker, "
+        "and goes on without it in the very restart that recreates it (a spare, if one is "
+        "ready, takes its place instead).",
     )
     grow_after_seconds: int = Field(
         default=600,
@@ -794,6 +800,17 @@ class ElasticSpec(_Model):
         "pending pod is scheduled (capacity returned); at most once per this many seconds "
         "since the gang last shrank or grew so, so that a flapping node does not restart the "
         "gang every minute.",
+    )
+    spares: int = Field(
+        default=0,
+        ge=0,
+        le=1000,
+        description="Spare workers: pods beyond `replicas`, scheduled with the gang, their "
+        "agents arrived at every epoch but no trainer started. When a worker of the world is "
+        "recreated (its node lost, its device gone), a spare placed and arrived takes its "
+        "place at the next epoch, in place, and the recreated worker becomes a spare once its "
+        "new pod is placed. Never the coordinator's (`MASTER_ADDR`) place: its loss waits for "
+        "its new pod. Only with `restart.mode: Process`.",
     )
 
     @model_validator(mode="after")
@@ -1129,6 +1146,13 @@ _SPEC_RULES: Final[list[JsonValue]] = [
         "fieldPath": ".elastic",
     },
     {
+        "rule": "!has(self.elastic) || !has(self.elastic.spares) || self.elastic.spares == 0 || "
+        f"(has(self.restart) && has(self.restart.mode) && self.restart.mode == "
+        f"'{RestartMode.PROCESS}')",
+        "message": SPARES_NEED_PROCESS,
+        "fieldPath": ".elastic.spares",
+    },
+    {
         "rule": "!has(self.elastic) || !has(self.replicas) || "
         "(self.replicas >= self.elastic.minReplicas && "
         "self.replicas <= self.elastic.maxReplicas)",
@@ -1333,6 +1357,8 @@ class GangJobSpec(_Model):
                 raise ValueError(
                     "replicas must be within spec.elastic.minReplicas..spec.elastic.maxReplicas"
                 )
+            if self.elastic.spares and self.restart.mode is not RestartMode.PROCESS:
+                raise ValueError(SPARES_NEED_PROCESS)
         if self.roles is not None and self.trainer_container is not None:
             raise ValueError("trainerContainer: with spec.roles, set trainerContainer on the role")
         if (
@@ -1403,10 +1429,12 @@ class GangJobSpec(_Model):
         assert self.template is not None
         # Constructed, not validated: the fields were validated on the spec, and the role
         # shares the spec's template (a copy would be paid per job, and be a second truth).
+        # An elastic gang's spares are workers of its one role, numbered after the world.
+        spares = 0 if self.elastic is None else self.elastic.spares
         return (
             Role.model_construct(
                 name=SHORTHAND_ROLE,
-                replicas=self.replicas,
+                replicas=self.replicas + spares,
                 template=self.template,
                 trainer_container=self.trainer_container,
                 ranked=True,
@@ -1765,8 +1793,9 @@ class GangJobStatus(_Model):
         default_factory=list,
         max_length=_ELASTIC_DROPPED_MAX,
         description="Workers (`gangjob.io/rank`) an elastic gang goes on without at this epoch: "
-        "their pods could not be placed for `elastic.waitSeconds`. Each worker's `RANK` is "
-        "its number less the dropped workers below it, so ranks stay dense.",
+        "its spares (`elastic.spares`), and workers whose pods could not be placed for "
+        "`elastic.waitSeconds`. Each worker's `RANK` is its number less the dropped workers "
+        "below it, so ranks stay dense.",
     )
     workers: WorkersStatus = Field(
         default_factory=WorkersStatus, description="Counts of the gang's workers."

@@ -529,8 +529,9 @@ __all__ = ["CONTROLLER_NAME", "LEASES", "Manager", "Settings", "default_identity
 
 def barrier_waits_for(spec: Mapping[str, Any], status: Mapping[str, Any]) -> int | None:
     """How many workers the barrier waits for, read from the raw GangJob the cache holds: the
-    running roles' (`status.roles`), or for a status written before roles, `spec.replicas`;
-    less the workers an elastic gang goes on without (`status.dropped`). None if the object
+    running roles' (`status.roles`), or for a status written before roles, `spec.replicas`
+    and an elastic gang's spares; less the workers an elastic gang goes on without, its spares
+    among them (`status.dropped`). None if the object
     says neither (the pass then decides alone)."""
     dropped = status.get("dropped")
     less = len(dropped) if isinstance(dropped, list) else 0
@@ -539,4 +540,7 @@ def barrier_waits_for(spec: Mapping[str, Any], status: Mapping[str, Any]) -> int
         counts = [r.get("replicas") for r in roles if r.get("state") == "Running"]
         return sum(n for n in counts if isinstance(n, int)) - less
     replicas = spec.get("replicas")
-    return replicas - less if isinstance(replicas, int) else None
+    elastic = spec.get("elastic")
+    spares = elastic.get("spares") if isinstance(elastic, Mapping) else None
+    more = spares if isinstance(spares, int) else 0
+    return replicas + more - less if isinstance(replicas, int) else None

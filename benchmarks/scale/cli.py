@@ -12,11 +12,13 @@ from benchmarks.scale.runner import run
 from benchmarks.scale.settings import (
     HANG,
     MODES,
+    NODE_LOSS,
     PEER_MAX_SIZE,
     PEER_QPS,
     PEERS,
     PROGRESS_WINDOW_S,
     SELECTABLE_MODES,
+    WAIT_BOUND_S,
     Settings,
 )
 
@@ -57,7 +59,8 @@ def main() -> int:
         "--modes",
         default=",".join(MODES),
         help=f"measurements to take, comma-separated (default: all of {','.join(MODES)}; "
-        f"{HANG}, a hung trainer's detection and restart, only when named)",
+        f"{HANG}, a hung trainer's detection and restart, and {','.join(NODE_LOSS)}, a node "
+        "lost with no room for its worker, only when named)",
     )
     p.add_argument(
         "--peers",
@@ -95,6 +98,13 @@ def main() -> int:
         metavar="SECONDS",
         help="the steady window of --progress (default %(default)s)",
     )
+    p.add_argument(
+        "--wait-bound",
+        type=float,
+        default=WAIT_BOUND_S,
+        metavar="SECONDS",
+        help="how long node-lost-wait watches the gang wait (default %(default)s)",
+    )
     p.add_argument("--cluster", default="bench", help="local cluster to use (started if down)")
     p.add_argument(
         "--name",
@@ -126,6 +136,6 @@ def main() -> int:
         modes=modes, peers=peers, peer_max_size=a.peer_max_size, peer_qps=a.peer_qps,
         scheduler_qps=a.scheduler_qps, endpoint_batch=a.endpoint_batch,
         cluster=a.cluster, keep=a.keep, name=a.name, progress=a.progress,
-        progress_window=a.progress_window, py_spy=a.py_spy,
+        progress_window=a.progress_window, py_spy=a.py_spy, wait_bound=a.wait_bound,
     )  # fmt: skip
     return asyncio.run(until_terminated(run(settings)))

@@ -45,6 +45,12 @@ class World:
     sim: SimKubelet | None = None
     nodes: list[str] = field(default_factory=list)
     victims: list[str] = field(default_factory=list)
+    bulk: list[str] = field(default_factory=list)
+    """The nodes of `PODS_PER_NODE` pods (the rest hold one each)."""
+    gang_victims: list[str] = field(default_factory=list)
+    """Single-pod nodes of the gang being measured (`make_victims`)."""
+    lost: set[str] = field(default_factory=set)
+    """Nodes lost so far (`lose_node`)."""
     rss_max: float = 0.0
     peer: AddonProcess | None = None
     """The JobSet controller, when the run restarts that peer too."""
@@ -116,13 +122,34 @@ async def make_nodes(w: World) -> None:
         await w.kube.create(NODES, node)
         w.nodes.append(name)
     w.victims = [n for n, p in specs if p == 1]
-    progress = Progress(f"N={w.n}: {len(specs)} nodes")
+    w.bulk = [n for n, p in specs if p != 1]
+    await _schedulable(w, len(w.nodes), f"N={w.n}: {len(specs)} nodes")
+
+
+async def make_victims(w: World, gang: str, count: int) -> None:
+    """`count` more single-pod nodes, for gang `gang`'s node losses (`w.gang_victims`): made
+    before the gang, they are filled first, as `make_nodes`' are."""
+    w.gang_victims = []
+    for i in range(count):
+        name = f"bench-{w.ns[-6:]}-{gang}{i}"
+        node = kwok_node(name, Options(pods_per_node=1))
+        node["metadata"]["labels"][BENCH_LABEL] = w.ns
+        await w.kube.create(NODES, node)
+        w.nodes.append(name)
+        w.gang_victims.append(name)
+    await _schedulable(w, len(w.nodes), f"N={w.n}: {count} nodes for {gang}")
+
+
+async def _schedulable(w: World, count: int, what: str) -> None:
+    progress = Progress(what)
     while True:
         listed = await w.kube.list(NODES, label_selector=f"{BENCH_LABEL}={w.ns}")
+        # The nodes lost by earlier measurements stay NotReady.
+        lost = sum(1 for n in listed.items if n["metadata"]["name"] in w.lost)
         ready = sum(1 for n in listed.items if _node_ready(n) and not _kept_off(n))
-        if ready == len(specs):
+        if ready + lost >= count:
             return
-        progress.tick(f"{ready}/{len(specs)} Ready and schedulable")
+        progress.tick(f"{ready}/{count - lost} Ready and schedulable")
         await asyncio.sleep(0.5)  # KWOK's node heartbeat: no event to wait on more cheaply
 
 
@@ -193,14 +220,24 @@ async def start_gang(
     return time.monotonic() - t0
 
 
-async def steady(w: World, tracker: JobTracker, epoch: int) -> None:
-    """Until the gang runs at `epoch` again with nothing left in flight."""
-    n = w.n
+async def steady(
+    w: World,
+    tracker: JobTracker,
+    epoch: int,
+    *,
+    members: int | None = None,
+    pods: int | None = None,
+) -> None:
+    """Until the gang runs at `epoch` again with nothing left in flight: its `members` (the
+    world, N by default) past the barrier and its `pods` (N by default; with spares, more)
+    running."""
+    n = w.n if members is None else members
+    want = w.n if pods is None else pods
     await milestones(
         {
             "barrier": lambda: tracker.barrier_at.get(epoch),
             "open": polled(lambda: agents_at(w.s, epoch, opened=True) == n),
-            "running": polled(lambda: pods_where(w.s, running) == n),
+            "running": polled(lambda: pods_where(w.s, running) == want),
         },
         w.timeout(0.1),
         Progress(f"N={w.n} settling at epoch {epoch}"),

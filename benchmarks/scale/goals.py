@@ -14,6 +14,9 @@ from benchmarks.scale.settings import (
     IN_PLACE_TLS,
     JOBSET,
     JOBSET_RAISED,
+    NODE_LOST_SHRINK,
+    NODE_LOST_SPARE,
+    NODE_LOST_WAIT,
     Settings,
 )
 
@@ -47,6 +50,9 @@ TLS_OVER_PLAIN_MAX, TLS_AT = 1.10, 1000
 """In-place restart with arrivals over TLS / over plain HTTP (same run)."""
 PROCESS_MAX_S, PROCESS_AT = 3.0, 5000
 """Process mode in place, the trainer's exit -> barrier written, median."""
+NODE_LOSS_OVER_IN_PLACE_MAX, NODE_LOSS_AT = 1.2, 1000
+"""A node lost in an elastic gang (shrinking, or with a spare), failure visible -> barrier,
+against an in-place restart."""
 
 Results = dict[int, dict[str, Any]]
 """Each size's summarized results, by N."""
@@ -251,6 +257,46 @@ def resize(results: Results) -> list[Verdict]:
     return out
 
 
+def node_loss(results: Results) -> list[Verdict]:
+    """A node lost with no room for its worker's new pod, at N=1000, against an in-place
+    restart of the same run: an elastic gang shrinks, a spare takes the worker's place, each
+    within `NODE_LOSS_OVER_IN_PLACE_MAX`; without elastic the gang waits (reported)."""
+    res, why = _at(results, NODE_LOSS_AT)
+    ip = median(res, "in-place") if res else None
+    out = []
+    for mode, what in (
+        (NODE_LOST_SHRINK, "node lost, no spare capacity: elastic shrink"),
+        (NODE_LOST_SPARE, "node lost with a spare"),
+    ):
+        goal = (
+            f"{what} (failure visible -> barrier) within {NODE_LOSS_OVER_IN_PLACE_MAX:g}x of "
+            f"in place at N={NODE_LOSS_AT}"
+        )
+        t = median(res, mode) if res else None
+        if res is None or t is None or ip is None:
+            out.append(Verdict(goal, None, "", why or f"{mode} or in-place not measured"))
+            continue
+        ratio = t / ip
+        figures = f"{t:.2f} s / in-place {ip:.2f} s = {ratio:.2f}x"
+        pr = median(res, "process")
+        if pr is not None:
+            figures += f" (Process mode in place {pr:.2f} s: {t / pr:.2f}x)"
+        out.append(Verdict(goal, ratio <= NODE_LOSS_OVER_IN_PLACE_MAX, figures, slowest(res, mode)))
+    goal = f"node lost without elastic, no capacity: the gang waits, at N={NODE_LOSS_AT}"
+    m = (res or {}).get("modes", {}).get(NODE_LOST_WAIT)
+    if res is None or not m:
+        return [*out, Verdict(goal, None, "", why or f"{NODE_LOST_WAIT} not measured")]
+    waits = m.get("unfinished_over_s") or []
+    if not waits:
+        figures = f"the barrier opened in {median(res, NODE_LOST_WAIT)} s: it did not wait"
+        return [*out, Verdict(goal, False, figures, "capacity was found")]
+    figures = (
+        f"still waiting {min(waits):g} s after the epoch was raised, in {len(waits)} of "
+        f"{len(waits) + int(m.get('reps') or 0)}"
+    )
+    return [*out, Verdict(goal, m.get("reps") == 0, figures, "a barrier opened")]
+
+
 def controller_rss(results: Results) -> list[Verdict]:
     goal = f"controller RSS <= {RSS_MAX_MIB:g} MiB at N={RSS_AT}"
     res, why = _at(results, RSS_AT)
@@ -398,6 +444,7 @@ def verdicts(results: list[dict[str, Any]], settings: Settings) -> list[Verdict]
         lambda: controller_share(by_n),
         lambda: node_lost(by_n, settings),
         lambda: resize(by_n),
+        lambda: node_loss(by_n),
         lambda: controller_rss(by_n),
         lambda: api_requests(by_n),
         lambda: process_mode(by_n),

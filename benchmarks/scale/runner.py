@@ -23,6 +23,7 @@ from benchmarks.scale.cluster import (
     World,
     ensure_cluster,
     make_nodes,
+    make_victims,
     start_gang,
     steady,
     teardown_gang,
@@ -33,8 +34,11 @@ from benchmarks.scale.observer import CtlSample, JobTracker
 from benchmarks.scale.report import report, report_data, size_table, write_results
 from benchmarks.scale.scenarios import (
     Unfinished,
+    gang_pods,
     hang,
     in_place,
+    no_capacity,
+    node_loss,
     node_lost,
     process,
     recreate,
@@ -49,6 +53,10 @@ from benchmarks.scale.settings import (
     IN_PLACE_TLS,
     JOBSET,
     JOBSET_RAISED,
+    NODE_LOSS,
+    NODE_LOSS_GANGS,
+    NODE_LOST_SHRINK,
+    NODE_LOST_SPARE,
     PROGRESS_TWINS,
     RESIZE,
     STEADY,
@@ -57,7 +65,7 @@ from benchmarks.scale.settings import (
     Settings,
 )
 from benchmarks.scale.stats import summarize
-from controller.k8s import NAMESPACES, NODES, SECRETS, AlreadyExists, Kube, NotFound
+from controller.k8s import NAMESPACES, NODES, SECRETS, AlreadyExists, JsonDict, Kube, NotFound
 from controller.policy.podspec import summary_seconds
 from controller.servingsecret import DEFAULT_SECRET as TLS_SECRET
 from localcluster.cluster import Cluster
@@ -103,7 +111,10 @@ async def run_size(w: World) -> dict[str, Any]:
             gangs.append(("rc", "Recreate", False))
         if twins and "in-place" in w.settings.modes:
             gangs.append(("pp", "Pod", True))
-        if set(w.settings.modes) - {"process", "recreate", HANG}:
+        for lost in NODE_LOSS:
+            if lost in w.settings.modes:
+                gangs.append((NODE_LOSS_GANGS[lost], lost, False))
+        if set(w.settings.modes) - {"process", "recreate", HANG, *NODE_LOSS}:
             gangs.append(("ip", "Pod", False))
         for gang, mode, reports in gangs:
             name = mode + (WITH_PROGRESS if reports and mode != HANG else "")
@@ -144,22 +155,25 @@ async def run_gang(
     to `startup[name]`. A repetition that overran ends the gang's measurements."""
     tracker = JobTracker(w.kube, w.ns, gang)
     track_task = asyncio.create_task(tracker.run())
+    spec = node_loss_spec(w, mode) if mode in NODE_LOSS else None
+    if mode in NODE_LOSS:
+        # Single-pod nodes of its own, one more than the repetitions: the scheduler fills them
+        # first, and the coordinator's (or the spare's) node is not lost.
+        await make_victims(w, gang, w.settings.reps + 1)
+        mode = "Process"
     # The hang gang: `Process` mode with `spec.progress.hangSeconds`.
     mode, hang_seconds = ("Process", HANG_SECONDS) if mode == HANG else (mode, None)
     try:
         cpu0 = CtlSample.take(w.ctl)
         # The in-place gang is elastic when it is resized too: its in-place restarts and its
         # resizes are then measured side by side, on one gang.
-        elastic = (
-            {"elastic": {"minReplicas": 1, "maxReplicas": w.n}}
-            if RESIZE in w.settings.modes and gang == "ip"
-            else None
-        )
-        startup[name] = round(await start_gang(w, gang, mode, tracker, hang_seconds, elastic), 2)
+        if RESIZE in w.settings.modes and gang == "ip":
+            spec = {"elastic": {"minReplicas": 1, "maxReplicas": w.n}}
+        startup[name] = round(await start_gang(w, gang, mode, tracker, hang_seconds, spec), 2)
         reqs = CtlSample.take(w.ctl).since(cpu0)["requests"].get("all", 0)
         print(f"  N={w.n} {name} gang running in {startup[name]:.1f}s "
               f"({reqs} controller API requests)", file=sys.stderr)  # fmt: skip
-        await steady(w, tracker, 0)
+        await steady(w, tracker, 0, pods=gang_pods(w, tracker))
         # The simulation holds thousands of agents and pods in this one heap; the collector's
         # passes over it (a fifth of this process's CPU in a restart at N=5000, sampled with
         # py-spy) are the simulation's cost, not the agents': a pod's agent has a small heap.
@@ -297,12 +311,45 @@ async def measure_gang(
     elif mode == HANG:
         for rep in range(reps):
             rows.append(await hang(w, tracker, rep, HANG_SECONDS))
+    elif mode in NODE_LOSS:
+        victims = node_loss_victims(w, tracker, gang)[:reps]
+        # The shrinking gang finds no room for any lost worker, repetition after repetition:
+        # a new pod placed would be out of its world, a spare for the next loss.
+        returns = mode != NODE_LOST_SHRINK
+        async with no_capacity(w) if not returns else contextlib.nullcontext():
+            for rep, node in enumerate(victims):
+                row = await node_loss(w, tracker, rep, node, mode, capacity_returns=returns)
+                if row is not None:
+                    rows.append(row)
     elif mode == "Process":
         for rep in range(reps):
             rows.append(await process(w, tracker, rep))
     else:
         for rep in range(reps):
             rows.append(await recreate(w, tracker, rep))
+
+
+def node_loss_spec(w: World, mode: str) -> JsonDict:
+    """The gang of a node-loss mode: elastic with one spare, elastic going on at once without
+    a lost worker (`waitSeconds: 0`), or not elastic; none grows back within the run."""
+    elastic = {"minReplicas": 1, "maxReplicas": w.n, "growAfterSeconds": 3600}
+    if mode == NODE_LOST_SPARE:
+        return {"elastic": {**elastic, "spares": 1, "waitSeconds": 300}}
+    if mode == NODE_LOST_SHRINK:
+        return {"elastic": {**elastic, "waitSeconds": 0}}
+    return {}
+
+
+def node_loss_victims(w: World, tracker: JobTracker, gang: str) -> list[str]:
+    """The gang's single-pod nodes whose loss is a member's, but the coordinator's: each
+    holds one pod, of a worker in the world other than worker 0."""
+    out = set(tracker.status.get("dropped") or []) | {0}
+    keep = []
+    for node in w.gang_victims:
+        pods = [p for p in w.s.pods.values() if p["spec"].get("nodeName") == node]
+        if len(pods) == 1 and int(pods[0]["metadata"]["name"].rsplit("-", 1)[1]) not in out:
+            keep.append(node)
+    return keep
 
 
 async def run_on(cluster: Cluster, settings: Settings) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import contextlib
 import itertools
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +37,14 @@ from benchmarks.scale.observer import (
     written_after,
 )
 from benchmarks.scale.profile import profiled
-from controller.k8s import GANGJOBS, JsonDict
+from benchmarks.scale.settings import (
+    BULK_TAINT,
+    FULL_TAINT,
+    NODE_LOST_SHRINK,
+    NODE_LOST_SPARE,
+    NODE_LOST_WAIT,
+)
+from controller.k8s import GANGJOBS, NODES, JsonDict
 from localcluster.simkubelet import SimTrainer
 
 
@@ -451,6 +458,7 @@ async def node_lost(w: World, tracker: JobTracker, rep: int, node: str) -> dict[
     async def inject() -> None:
         w.s.lose(victim)
         await lose_node(w.kube, node)
+        w.lost.add(node)
         visible.append(time.monotonic())
 
     def recreated() -> bool:
@@ -513,3 +521,165 @@ async def recreate(w: World, tracker: JobTracker, rep: int) -> dict[str, Any]:
     row["worker"] = victim
     await steady(w, tracker, e1)
     return row
+
+
+async def node_loss(
+    w: World, tracker: JobTracker, rep: int, node: str, mode: str, *, capacity_returns: bool
+) -> dict[str, Any] | None:
+    """A worker's node dies with no room left for its new pod (the bulk nodes taken out of
+    scheduling, `no_capacity`), in a `Process` gang (`NODE_LOSS_GANGS`): an elastic gang with a
+    spare, whose spare takes the worker's place in place (`node-lost-spare`); an elastic gang
+    with `waitSeconds: 0`, which goes on without the worker (`node-lost-shrink`); a gang that
+    is not elastic, which waits for the worker's new pod (`node-lost-wait`): the wait is
+    reported, bounded by `Settings.wait_bound`, as an unfinished repetition. From the node lost to
+    the barrier of the new epoch written, then every member past it. Unless the caller keeps
+    capacity away for every repetition (`capacity_returns` False: the shrinking gang's lost
+    workers stay pending, else the next loss would find one placed, a spare), capacity then
+    returns and the gang settles, its spare placed and arrived, before the next repetition."""
+    on_node = [p for p in w.s.pods.values() if p["spec"].get("nodeName") == node]
+    if len(on_node) != 1:
+        print(f"  node {node} holds {len(on_node)} workers: skipped", file=sys.stderr)
+        return None
+    victim = on_node[0]["metadata"]["name"]
+    status = tracker.status
+    epoch = int(status.get("epoch", 0))
+    e1 = epoch + 1
+    world = int(status.get("worldSize") or w.n)
+    members = world - 1 if mode == NODE_LOST_SHRINK else world
+    tally = AgentTally(w.s, e1)
+    visible: list[float] = []
+
+    async def inject() -> None:
+        w.s.lose(victim)
+        await lose_node(w.kube, node)
+        w.lost.add(node)
+        visible.append(time.monotonic())
+
+    checks: dict[str, Check] = {
+        "visible": lambda: visible[0] if visible else None,
+        "epoch": lambda: tracker.epoch_at.get(e1),
+        "arrived": polled(lambda: tally.arrived() == members),
+        "barrier": lambda: tracker.barrier_at.get(e1),
+        "open": polled(lambda: tally.opened() == members),
+    }
+    order = ["visible", "epoch", "arrived", "barrier", "open"]
+
+    def state() -> str:
+        return f"epoch {tracker.status.get('epoch')}, {tally.arrived()}/{members} arrived"
+
+    if mode == NODE_LOST_SPARE:
+        await spare_ready(w, tracker)
+    room = no_capacity(w) if capacity_returns else contextlib.nullcontext()
+    async with room:
+        if mode == NODE_LOST_WAIT:
+            # The barrier never opens without the worker: the wait is the figure.
+            row = await waited(w, tracker, rep, inject, checks, order, state)
+        else:
+            row = await measure_restart(
+                w, tracker, mode, rep, inject, checks, order, w.timeout(0.2), state
+            )
+    last = tracker.status.get("lastRestart") or {}
+    row |= {"worker": victim, "detail": (last.get("trigger") or {}).get("detail")}
+    # Capacity returned: the worker's new pod is placed (a spare again, or the gang's
+    # barrier waited for it), and the gang settles at the epoch it reached.
+    world = int(tracker.status.get("worldSize") or w.n)
+    await steady(
+        w, tracker, int(tracker.status.get("epoch", e1)), members=world,
+        pods=gang_pods(w, tracker) if capacity_returns else world,
+    )  # fmt: skip
+    return row
+
+
+async def spare_ready(w: World, tracker: JobTracker) -> None:
+    """Until every pod of the gang, its spare's too, has arrived at the gang's epoch: a spare
+    takes a worker's place only once its agent is up."""
+    pods = gang_pods(w, tracker)
+
+    def arrived() -> int:
+        st = tracker.status
+        return int((st.get("workers") or {}).get("arrived") or 0)
+
+    await milestones(
+        {"spare": polled(lambda: arrived() == pods)},
+        w.timeout(0.1),
+        Progress(f"N={w.n} spare arriving"),
+        lambda: f"{arrived()}/{pods} arrived",
+    )
+
+
+def gang_pods(w: World, tracker: JobTracker) -> int:
+    """The gang's pods: its workers and spares."""
+    spec = tracker.job.get("spec") or {}
+    spares = int((spec.get("elastic") or {}).get("spares") or 0)
+    return int(spec.get("replicas") or w.n) + spares
+
+
+async def waited(
+    w: World,
+    tracker: JobTracker,
+    rep: int,
+    inject: Callable[[], Any],
+    checks: dict[str, Check],
+    order: list[str],
+    state: Callable[[], str],
+) -> dict[str, Any]:
+    """`timed` bounded by `Settings.wait_bound` after the epoch was raised; a gang still waiting
+    then gives an unfinished row (`limit_s`: how long it was seen waiting)."""
+    before = dict(checks)
+    first = {k: v for k, v in before.items() if k in ("visible", "epoch")}
+    t0 = time.monotonic()
+    injected = asyncio.ensure_future(inject())
+    marks = await milestones(first, w.timeout(0.2), Progress(f"N={w.n} {NODE_LOST_WAIT}"), state)
+    await injected
+    rest = {k: v for k, v in before.items() if k not in first}
+    try:
+        marks |= await milestones(
+            rest, w.settings.wait_bound, Progress(f"N={w.n} {NODE_LOST_WAIT} waiting"), state
+        )
+    except NotReached as e:
+        e.reached |= marks
+        row = unfinished_row(NODE_LOST_WAIT, rep, t0, e, order)
+        row["limit_s"] = round(time.monotonic() - marks["epoch"], 1)
+        print(
+            f"  N={w.n} {NODE_LOST_WAIT} #{rep + 1}: still waiting {row['limit_s']} s after "
+            f"the epoch was raised (missing {e.missing}; {state()})",
+            file=sys.stderr,
+        )
+        return row
+    marks["injected"] = t0
+    row = {
+        "mode": NODE_LOST_WAIT,
+        "rep": rep,
+        "seconds": round(VISIBLE_TO_BARRIER.seconds(marks), 3),
+        "span": VISIBLE_TO_BARRIER.label,
+        "steps": _steps(marks, ["injected", *order]),
+    }
+    print_row(w, row | {"bench_cpu_s": None})
+    return row
+
+
+NO_CAPACITY_SETTLE_S = 2.0
+
+
+@contextlib.asynccontextmanager
+async def no_capacity(w: World) -> AsyncIterator[None]:
+    """No room for a new pod while inside: every node of the run tainted NoSchedule (their
+    pods keep running), but the lost ones, whose taints say they are lost. The taint is
+    lifted on the way out."""
+    full = {"key": FULL_TAINT, "effect": "NoSchedule"}
+
+    def taints(node: str) -> list[JsonDict]:
+        return [{"key": BULK_TAINT, "effect": "PreferNoSchedule"}] if node in w.bulk else []
+
+    held = [node for node in w.nodes if node not in w.lost]
+    for node in held:
+        await w.kube.patch(NODES, node, {"spec": {"taints": [*taints(node), full]}})
+    # The node changes wake the controller (a pass of every gang on them) and the
+    # controller-manager: the loss measured after them is the loss alone.
+    await asyncio.sleep(NO_CAPACITY_SETTLE_S)
+    try:
+        yield
+    finally:
+        for node in held:
+            if node not in w.lost:
+                await w.kube.patch(NODES, node, {"spec": {"taints": taints(node)}})

@@ -28,7 +28,17 @@ IN_PLACE_TLS = "in-place-tls"
 """The in-place restart of a gang of its own with the controller serving arrivals over TLS (its
 own certificate, on uvloop, as deployed), after the in-place gang with plain HTTP on asyncio:
 taken only when `--modes` names it (the controller is restarted for it, and back after)."""
-SELECTABLE_MODES = (*MODES, HANG, RESIZE, IN_PLACE_TLS)
+NODE_LOST_SPARE, NODE_LOST_SHRINK, NODE_LOST_WAIT = (
+    "node-lost-spare", "node-lost-shrink", "node-lost-wait",
+)  # fmt: skip
+NODE_LOSS = (NODE_LOST_SPARE, NODE_LOST_SHRINK, NODE_LOST_WAIT)
+"""A worker's node lost with no room for its new pod, each in a `Process` gang of its own
+(`NODE_LOSS_GANGS`): elastic with one spare; elastic with `waitSeconds: 0`, which shrinks;
+not elastic, which waits. Taken only when `--modes` names them."""
+NODE_LOSS_GANGS = {NODE_LOST_SPARE: "ns", NODE_LOST_SHRINK: "nk", NODE_LOST_WAIT: "nw"}
+WAIT_BOUND_S = 30.0
+"""How long `node-lost-wait` watches the gang wait for a worker no node can take."""
+SELECTABLE_MODES = (*MODES, HANG, RESIZE, IN_PLACE_TLS, *NODE_LOSS)
 """What `--modes` may name."""
 PEERS = ("jobset",)
 """Peers `--peers` can measure beside GangJob in the same run."""
@@ -50,7 +60,8 @@ PROGRESS_WINDOW_S = 120.0
 """The steady window's length: at least two summary periods at every N up to 6000."""
 REPORTED_MODES = (
     "in-place", PROGRESS_TWINS["in-place"], IN_PLACE_TLS, "process", PROGRESS_TWINS["process"],
-    *MODES[2:], *RESIZE_ROWS, HANG, JOBSET, IN_PLACE_RAISED, JOBSET_RAISED,
+    *MODES[2:4], *NODE_LOSS, *MODES[4:], *RESIZE_ROWS, HANG, JOBSET, IN_PLACE_RAISED,
+    JOBSET_RAISED,
 )  # fmt: skip
 """Every row a report can hold, in its order."""
 PEER_QPS = 500
@@ -63,6 +74,8 @@ ANNOTATION_FLOOR_CONCURRENCY = 32
 """annotation-floor: pod annotation patches in flight at once."""
 BENCH_LABEL = "gangjob-bench"
 BULK_TAINT = "gangjob-bench/bulk"
+FULL_TAINT = "gangjob-bench/full"
+"""NoSchedule on the bulk nodes while a node-loss mode wants no room for a new pod."""
 POLL = 0.05
 """Seconds between two looks at a milestone known only by polling (the agents' state)."""
 
@@ -88,6 +101,8 @@ class Settings:
     name: str = "restart_scale"
     """The results' file name (`<name>[-qpsQ][-epbatchS].{json,md,png}`)."""
     results_dir: Path = RESULTS
+    wait_bound: float = WAIT_BOUND_S
+    """How long `node-lost-wait` watches the gang wait (tests shorten it)."""
     rep_limit_s: float | None = None
     """A repetition's time limit, overriding the one that grows with N (tests use it)."""
     progress: bool = False

@@ -3,31 +3,49 @@
 epoch (one bump, class `Resized`, not counted):
 
 - `replicas` changed: the surplus workers (the highest numbers) deleted, the new ones created
-  at the next free numbers by `lifecycle.create`, every kept worker restarted in place;
+  at the next free numbers by `lifecycle.create`, every kept worker restarted in place; a
+  grow while the gang trains creates the new pods first and bumps once they arrived
+  (`_joiners_pending`);
 - a worker being recreated whose pod has been Unschedulable for `elastic.waitSeconds` while
   the gang waits for it at a shut barrier is dropped (`status.dropped`), as long as the world
   stays at or above `minReplicas`: the gang goes on without it, its pod kept pending;
 - a dropped worker whose pod was placed (capacity returned) rejoins, at most once per
-  `elastic.growAfterSeconds` since the last such shrink or growth.
+  `elastic.growAfterSeconds` since the last such shrink or growth;
+- spares (`elastic.spares`): workers beyond `replicas`, out of the world (in `status.dropped`)
+  but placed and arrived; a worker of the world that a restart recreates gives its place to
+  one in that restart's bump, and its new pod becomes a spare once placed.
 
 Ranks stay dense: a worker's `RANK` is its number less the dropped workers below it
 (`agent.protocol.dense_rank`), `0..worldSize-1`, one worker each."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime, timedelta
 from typing import Final
 
-from api.constants import REASON_WORKER_REMOVED
+from api.constants import (
+    REASON_GANG_RESTARTING,
+    REASON_SPARE_TOOK_OVER,
+    REASON_WORKER_RECREATED,
+    REASON_WORKER_REMOVED,
+)
 from api.failures import FailureClass
-from api.v1alpha1 import FailureAction, RestartRecord, RestartTrigger
-from controller.policy import restart
-from controller.policy.gang import surplus, unschedulable_since
-from controller.policy.passstate import Pass
+from api.v1alpha1 import ElasticSpec, FailureAction, RestartRecord, RestartTrigger
+from controller.policy import classify, restart
+from controller.policy.gang import (
+    POD_RUNNING,
+    POD_TERMINAL,
+    epoch_workers,
+    surplus,
+    unschedulable_since,
+)
+from controller.policy.passstate import EventSpec, Pass
 
 WHY_REPLICAS: Final = "replicas changed"
 WHY_NO_CAPACITY: Final = "node lost, no capacity"
 WHY_CAPACITY: Final = "capacity returned"
+WHY_NO_SPARE: Final = "worker lost, no spare"
 
 
 def resize_text(old: int, new: int, why: str) -> str:
@@ -40,11 +58,15 @@ def last_elastic_change(records: list[RestartRecord]) -> datetime | None:
     `replicas`): the anchor of `growAfterSeconds`."""
     for record in reversed(records):
         detail = record.trigger.detail or ""
-        if record.trigger.failure_class == FailureClass.RESIZED and not detail.endswith(
-            f"({WHY_REPLICAS})"
-        ):
+        # A resize riding on a failure's bump keeps the failure's class: read the detail.
+        if "resized " in detail and not detail.endswith(f"({WHY_REPLICAS})"):
             return record.detected_at
     return None
+
+
+def swap_text(spare: int, worker: int) -> str:
+    """How a restart record and its Events name a spare taking a worker's place."""
+    return f"spare {spare} takes worker {worker}'s place"
 
 
 def _to_drop(p: Pass, world: int, minimum: int, bumping: bool = False) -> list[int]:
@@ -119,70 +141,165 @@ def _joiners_pending(p: Pass, spanned: int) -> bool:
     return pending
 
 
+def _ready_spares(p: Pass, out: set[int]) -> list[int]:
+    """Workers out of the world that can join it at once, no pod to schedule or start: their
+    pod running on a node that is not lost, their agent arrived at the epoch the gang was at
+    when this pass began."""
+    epoch = p.observed.job.status.epoch
+    staying = p.staying()
+    ready: list[int] = []
+    for worker in sorted(out):
+        pod = staying.get(worker)
+        if pod is None or pod.node_name is None or pod.phase != POD_RUNNING:
+            continue
+        if classify.node_lost(pod.node_name, p.node_of(pod)) is not None:
+            continue
+        if pod.arrived_epoch == epoch:
+            ready.append(worker)
+    return ready
+
+
+def _recreated_members(p: Pass, out: set[int]) -> list[int]:
+    """The workers of the world that this pass's bump recreates, but the coordinator: its pod
+    is `MASTER_ADDR`, fixed in every worker's environment, so it is always waited for."""
+    started = p.restart_started
+    if started is None:
+        return []
+    coordinator = p.job.spec.coordinator_worker.worker
+    recreated = started.recreated_ranks(len(p.job.spec.workers))
+    return [w for w in sorted(recreated) if w not in out and w != coordinator]
+
+
+def _renew_lost_spares(p: Pass, out: set[int]) -> None:
+    """A spare whose pod ended or whose node was lost gets a new pod, in the background:
+    nothing waits for it, and `lifecycle.create` makes the new one once the name is free."""
+    for worker in sorted(out):
+        pod = p.staying().get(worker)
+        if pod is None:
+            continue
+        lost = pod.node_name is not None and classify.node_lost(pod.node_name, p.node_of(pod))
+        if pod.phase in POD_TERMINAL or lost:
+            p.delete(pod, REASON_WORKER_RECREATED)
+
+
+def _to_spares(p: Pass, out: set[int], count: int) -> list[int]:
+    """`count` workers of the world to become spares (the size shrank, or spares were added):
+    the highest numbers, never the coordinator."""
+    coordinator = p.job.spec.coordinator_worker.worker
+    members = [w for w in range(len(p.job.spec.workers)) if w not in out and w != coordinator]
+    return members[::-1][:count]
+
+
+def _members_before(p: Pass) -> set[int]:
+    spanned = epoch_workers(p.status)
+    assert spanned is not None
+    return set(range(spanned)) - set(p.status.dropped)
+
+
+def _first_pass(p: Pass, elastic: ElasticSpec | None) -> None:
+    """The world of epoch 0: every worker but the spares, the highest numbers but the
+    coordinator."""
+    workers = len(p.job.spec.workers)
+    if elastic is not None and elastic.spares:
+        p.status.dropped = sorted(_to_spares(p, set(), elastic.spares))
+    p.status.world_size = workers - len(p.dropped())
+
+
 def resize(p: Pass) -> bool:
-    """Sets `status.worldSize` on a job's first pass; afterwards resizes an elastic gang whose
-    size, or whose workers that can run, changed: one bump, or the bump of this pass (a
-    failure's, a manual restart's) takes the resize with it, its detail saying both."""
+    """Sets `status.worldSize` on a job's first pass; afterwards changes the world of an
+    elastic gang whose size, or whose workers that can run, changed: one bump, or the bump of
+    this pass (a failure's, a manual restart's) takes the change with it, its detail saying
+    both. In order: spares take the places of the world's workers this pass recreates (with
+    `waitSeconds` 0 and no spare ready, those go at once); workers that found no node for
+    `waitSeconds` go; placed workers out of the world join it while it is below `replicas`;
+    above it, the highest numbers become spares."""
     workers = len(p.job.spec.workers)
     old = p.status.world_size
-    if old is None:
-        p.status.world_size = workers - len(p.dropped())
-        return False
     elastic = p.job.spec.elastic
+    if old is None:
+        _first_pass(p, elastic)
+        return False
     if elastic is None:
         return False
-    dropped = sorted(p.dropped())
-    if workers - len(dropped) == old:
-        # The same workers as before (a new `replicas` took away only dropped ones): the
-        # gang may grow back, or else go on without workers that cannot be placed.
-        added = _to_add(p, dropped)
+    target = workers - elastic.spares
+    out = set(p.dropped())
+    _renew_lost_spares(p, out)
+    spanned = epoch_workers(p.status)
+    assert spanned is not None
+    if target > old and workers > spanned and _joiners_pending(p, spanned):
+        return False  # a grow: its new pods start while the gang trains on
+    reasons: list[str] = []
+    if workers - len(out) != old:
+        reasons.append(WHY_REPLICAS)
+    swaps: list[tuple[int, int]] = []
+    lost = _recreated_members(p, out)
+    for spare in _ready_spares(p, out):
+        if not lost:
+            break
+        worker = lost.pop(0)
+        swaps.append((spare, worker))
+        out = (out - {spare}) | {worker}
+    room = max(0, workers - len(out) - elastic.min_replicas)
+    gone = lost[:room] if elastic.wait_seconds == 0 else []
+    if gone:
+        out |= set(gone)
+        reasons.append(WHY_NO_SPARE)
+    bumping = WHY_REPLICAS in reasons
+    waited = [
+        w for w in _to_drop(p, workers - len(out), elastic.min_replicas, bumping) if w not in out
+    ]
+    if waited:
+        out |= set(waited)
+        reasons.append(WHY_NO_CAPACITY)
+    world = workers - len(out)
+    if world < target:
+        added = _to_add(p, sorted(out - set(gone) - set(waited)))[: target - world]
         if added:
-            dropped = [d for d in dropped if d not in added]
-            why = WHY_CAPACITY
-        else:
-            lost = _to_drop(p, old, elastic.min_replicas)
-            dropped = sorted({*dropped, *lost})
-            why = WHY_NO_CAPACITY
-    else:
-        # `replicas` changed: dropped workers placed since, and workers of the new size that
-        # cannot be placed, go with it in one bump; else the next pass, over the same world,
-        # would bump again for them.
-        spanned = old + len(p.status.dropped)
-        if _joiners_pending(p, spanned):
-            return False
-        reasons = [WHY_REPLICAS]
-        added = _to_add(p, dropped)
-        if added:
-            dropped = [d for d in dropped if d not in added]
+            out -= set(added)
             reasons.append(WHY_CAPACITY)
-        lost = _to_drop(p, workers - len(dropped), elastic.min_replicas, bumping=True)
-        if lost:
-            dropped = sorted({*dropped, *lost})
-            reasons.append(WHY_NO_CAPACITY)
-        why = "; ".join(reasons)
-    world = workers - len(dropped)
-    if world == old and dropped == sorted(p.dropped()):
-        # No worker joins or leaves the world: no bump. Dropped workers past a smaller size
-        # leave the list, and their pods go.
-        if dropped != sorted(p.status.dropped):
-            for pod in surplus(p.job, p.status, p.gang.strays):
-                p.delete(pod, REASON_WORKER_REMOVED)
-            p.status.dropped = dropped
-        return False
+    world = workers - len(out)
+    if world > target:
+        out |= set(_to_spares(p, out, world - target))
+    world = workers - len(out)
+    dropped = sorted(out)
     for pod in surplus(p.job, p.status, p.gang.strays):
         p.delete(pod, REASON_WORKER_REMOVED)
-    detail = resize_text(old, world, why)
+    if set(range(workers)) - out == _members_before(p):
+        # No worker joins or leaves the world: no bump. Dropped workers and spares past a
+        # smaller size leave the list, and their pods go; new spares are created.
+        p.status.dropped = dropped
+        return False
+    parts = [swap_text(spare, worker) for spare, worker in swaps]
+    if world != old or reasons:
+        parts.insert(0, resize_text(old, world, "; ".join(reasons or [WHY_REPLICAS])))
+    detail = "; ".join(parts)
     p.status.world_size = world
     p.status.dropped = dropped
+    for spare, worker in swaps:
+        p.events.append(
+            EventSpec(
+                "Normal",
+                REASON_SPARE_TOOK_OVER,
+                f"Spare {spare} takes worker {worker}'s place at epoch {p.status.epoch}; "
+                f"worker {worker}'s new pod will be a spare",
+            )
+        )
     started = p.restart_started
     if started is not None:
-        # This pass already raised the epoch: the resize rides on that bump.
+        # This pass already raised the epoch: the change rides on that bump.
         trigger = started.trigger
         record = started.model_copy(
             update={"trigger": trigger.model_copy(update={"detail": f"{trigger.detail}; {detail}"})}
         )
         p.restart_started = record
         p.status.last_restart = record
+        # And so does the bump's Event, which `kubectl describe gj` shows.
+        p.events = [
+            dataclasses.replace(e, message=f"{e.message}; {detail}")
+            if e.reason == REASON_GANG_RESTARTING
+            else e
+            for e in p.events
+        ]
         return False
     trigger = RestartTrigger(
         worker=None,

@@ -164,6 +164,18 @@ def suspend(p: Pass) -> bool:
     return True
 
 
+def _background(p: Pass) -> frozenset[int]:
+    """The workers out of the world whose pods may be made now (docs/design.md section
+    3.12): none while a restart's barrier stays shut, so that the new pod of a recreated
+    worker, a spare to be, and its scheduling wake no pass of the gang while its agents
+    arrive; all of them once it is open, or opens in this pass (`Pass.barrier_opens`), and
+    at the gang's first start."""
+    first = p.status.barrier_epoch is None
+    if first or p.status.barrier_epoch == p.status.epoch or p.barrier_opens():
+        return p.dropped()
+    return frozenset()
+
+
 def create(p: Pass) -> bool:
     """The Service if missing, and the pod of every missing worker of a running role, at the
     epoch of this pass."""
@@ -176,8 +188,9 @@ def create(p: Pass) -> bool:
     forced = {d.name for d in p.delete_pods.values() if d.grace_seconds == 0}
     taken = p.gang.names - forced
     keep_off: list[str] | None = None
-    # A dropped worker keeps a pod, pending: once it is placed, the gang grows back.
-    for rank in sorted({*p.active(), *p.dropped()}):
+    # A dropped worker keeps a pod, pending: once it is placed, the gang grows back (or it
+    # is a spare).
+    for rank in sorted({*p.active(), *_background(p)}):
         if naming.worker_pod_name(job, rank) in taken:
             continue
         try:

@@ -296,6 +296,18 @@ class Pass:
             and w.worker not in dropped
         ]
 
+    def barrier_opens(self) -> bool:
+        """The barrier of `status.epoch` is shut and opens in this pass (`restart.barrier`):
+        every worker of the running roles present, not being deleted, arrived at exactly the
+        epoch, and no failure waiting."""
+        if self.status.barrier_epoch == self.status.epoch or self.pending_failure:
+            return False
+        staying = self.staying()
+        active = self.active()
+        if not active or any(w not in staying for w in active):
+            return False
+        return all(staying[w].arrived_epoch == self.status.epoch for w in active)
+
     def dropped(self) -> frozenset[int]:
         """The workers an elastic gang goes on without at `status.epoch` (docs/design.md
         section 3.12): their pods are kept, pending, but nobody waits for them."""

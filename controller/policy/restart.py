@@ -131,13 +131,7 @@ def barrier(p: Pass) -> bool:
     at it (one barrier for all roles): all present, none terminating or being deleted, each
     arrived at exactly the epoch; never over a failure that waits for its restart. Completed
     roles' workers are done and waiting roles' not created: neither is waited for."""
-    if p.status.barrier_epoch == p.status.epoch or p.pending_failure:
-        return False
-    staying = p.staying()
-    active = p.active()
-    if not active or any(w not in staying for w in active):
-        return False
-    if any(staying[w].arrived_epoch != p.status.epoch for w in active):
+    if not p.barrier_opens():
         return False
     p.status.barrier_epoch = p.status.epoch
     p.status.barrier_opened_at = p.now

@@ -248,9 +248,8 @@ def elastic_at_minimum(p: Pass) -> Cause | None:
     if elastic is None or p.status.barrier_epoch == p.status.epoch or p.is_finished():
         return None
     wait = timedelta(seconds=elastic.wait_seconds)
-    # Judged over the pods as they stay after this pass (as `barrier_stalled` is): a pod this
-    # pass deletes (its barrier timeout recreates it) waits no longer, and the next pass,
-    # seeing it gone, must find the same cause.
+    # Not a pod this pass deletes (a laggard recreated): the next pass, which sees it
+    # terminating, must say the same.
     staying = p.staying()
     waiting = [
         w

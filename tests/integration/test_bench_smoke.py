@@ -12,7 +12,15 @@ import pytest
 from benchmarks.scale.controlplane import CONTROLLER_MANAGER, command_line
 from benchmarks.scale.report import report, write_results
 from benchmarks.scale.runner import run_on
-from benchmarks.scale.settings import IN_PLACE_RAISED, JOBSET, JOBSET_RAISED, MODES, Settings
+from benchmarks.scale.settings import (
+    IN_PLACE_RAISED,
+    JOBSET,
+    JOBSET_RAISED,
+    MODES,
+    NODE_LOSS,
+    NODE_LOST_WAIT,
+    Settings,
+)
 from localcluster.cluster import Cluster
 
 pytestmark = pytest.mark.integration
@@ -227,7 +235,7 @@ async def test_the_jobset_peer_restarts_the_same_gang_and_the_goals_are_printed(
     assert "- JobSet: slowest step " in md
     assert "the controller-manager's client allows 500/s" in md
     goals = md.split("## Goals (printed, not asserted)\n\n")[1].strip().splitlines()
-    assert len(goals) == 19  # progress: 2, ten restarts in a row: 2, resize: 2, TLS: 1
+    assert len(goals) == 22  # progress 2, in a row 2, resize 2, node loss 3, TLS 1
     for line in goals:
         assert line.startswith("- "), line
         assert line.endswith(" met") or "not met (" in line or "not measured (" in line, line
@@ -237,3 +245,36 @@ async def test_the_jobset_peer_restarts_the_same_gang_and_the_goals_are_printed(
     paths = write_results(settings, data, tmp_path)
     assert paths["json"] is not None
     assert json.loads(paths["json"].read_text())["goals"][0]["met"] is None  # N=100: not run
+
+
+@pytest.mark.timeout(300)
+async def test_node_loss_modes_shrink_take_a_spare_and_wait(
+    sim_cluster: Cluster, tmp_path: Path
+) -> None:
+    """The node-loss modes, each in a `Process` gang of its own, a node lost with no room for
+    the new pod: the elastic gang shrinks, the spare takes the worker's place, the gang that
+    is not elastic is seen waiting (an unfinished row: how long), and the goals say so."""
+    settings = Settings(
+        sizes=[3], reps=1, restart_delay=0.2, start_delay=0.1, modes=NODE_LOSS,
+        wait_bound=3.0, name="smoke-node-loss", results_dir=tmp_path,
+    )  # fmt: skip
+    data = await run_on(sim_cluster, settings)
+
+    (res,) = data["results"]
+    runs = {r["mode"]: r for r in res["runs"]}
+    assert set(runs) == set(NODE_LOSS)
+    spare, shrink, wait = (runs[m] for m in NODE_LOSS)
+    assert shrink["trigger"] == "NodeLost"
+    assert shrink["detail"].endswith("; resized 3 -> 2 (worker lost, no spare)")
+    assert spare["trigger"] == "NodeLost"
+    assert spare["detail"].endswith(f"; spare 3 takes worker {spare['worker'][-1]}'s place")
+    for run in (shrink, spare):
+        assert run["seconds"] > 0
+        assert set(run["steps"]) >= {"visible->epoch", "epoch->arrived", "arrived->barrier"}
+    assert wait["unfinished"] is True
+    assert wait["limit_s"] >= 3.0
+    assert "barrier" in wait["missing"]
+    assert res["modes"][NODE_LOST_WAIT]["unfinished_over_s"] == [wait["limit_s"]]
+    md = report(settings, data, data["results"])
+    assert "- node lost with a spare (failure visible -> barrier) within 1.2x of in place" in md
+    assert "- node lost without elastic, no capacity: the gang waits, at N=1000" in md

@@ -3,7 +3,8 @@ gang in place when its `replicas` changes, shrinking and growing, with the kept 
 unchanged and the new world seen by every agent's trainer (`Process` mode: the trainer run's
 environment; `Pod` mode: the `world` file the kubelet-started trainer reads); the apiserver
 refuses a size outside the bounds, and a change of a job that is not elastic; a node lost with
-no room for its worker shrinks the gang, and a new node grows it back."""
+no room for its worker shrinks the gang, and a new node grows it back; a spare takes a lost
+worker's place in place, and the new pod becomes the spare."""
 
 from __future__ import annotations
 
@@ -246,3 +247,97 @@ async def test_a_job_queued_by_kueue_keeps_the_size_kueue_admitted(
     await sim_kube.patch(
         GANGJOBS, "queued", {"metadata": {"annotations": {"note": "x"}}}, namespace
     )
+
+
+async def test_a_spare_takes_a_lost_workers_place_in_place(
+    gang: Gang,  # noqa: F811 (the fixture)
+) -> None:
+    # Two workers and a spare, one pod a node (each takes both GPUs of its node), three nodes:
+    # the lost node's worker finds no room, and the spare goes on in its place.
+    await gang.create(
+        "sp", 2, restart={"mode": "Process"}, nodeLoss={"forceDeleteAfterSeconds": 2},
+        elastic={"minReplicas": 1, "maxReplicas": 2, "spares": 1, "waitSeconds": 300},
+        trainer={"resources": {"limits": {"nvidia.com/gpu": 2}}},
+    )  # fmt: skip
+    job = await gang.running_at("sp", 0, 3)  # the spare's agent arrives too
+    assert (job["status"]["worldSize"], job["status"]["dropped"]) == (2, [2])
+    before = uids(await gang.pods("sp"))
+    await gang.agents_at(0, ["sp-0", "sp-1"])
+    spare = gang.sim.workers["sp-2"]
+    assert spare.trainer is None  # a spare starts no trainer
+    node = (await gang.pods("sp"))["sp-1"]["spec"]["nodeName"]
+    gang.sim.lose("sp-1")
+    await _lose_node(gang.kube, node)
+
+    def swapped(j: JsonDict) -> bool:
+        st = j.get("status", {})
+        return bool(
+            st.get("epoch") == 1 and st.get("barrierEpoch") == 1 and st.get("dropped") == [1]
+        )
+
+    job = await watch_job(gang.kube, gang.ns, "sp", swapped, 90, "spare sp-2 in sp-1's place")
+    st = job["status"]
+    assert st["worldSize"] == 2
+    assert st["lastRestart"]["trigger"]["class"] == "NodeLost"
+    assert st["lastRestart"]["trigger"]["detail"].endswith("; spare 2 takes worker 1's place")
+    assert st["lastRestart"]["recreated"] == [1]
+
+    # The barrier did not wait for worker 1's new pod, created in the background once the
+    # old one was force-deleted; it waits for room.
+    def renewed(pods: list[JsonDict]) -> bool:
+        return any(
+            p["metadata"]["name"] == "sp-1" and p["metadata"]["uid"] != before["sp-1"] for p in pods
+        )
+
+    await wait_for_pods(gang.kube, gang.ns, renewed, 30, "sp-1 created again")
+    pods = await gang.pods("sp")
+    # In place: the kept worker's and the spare's pods are the same pods.
+    assert {n: uids(pods)[n] for n in ("sp-0", "sp-2")} == {n: before[n] for n in ("sp-0", "sp-2")}
+    assert not pods["sp-1"]["spec"].get("nodeName")
+    await gang.agents_at(1, ["sp-0", "sp-2"])
+    assert world_seen(gang.sim, "sp-0", "Process") == {
+        "GANGJOB_EPOCH": "1",
+        "RANK": "0",
+        "WORLD_SIZE": "2",
+        "PET_NNODES": "2",
+    }
+    assert world_seen(gang.sim, "sp-2", "Process") == {
+        "GANGJOB_EPOCH": "1",
+        "RANK": "1",
+        "WORLD_SIZE": "2",
+        "PET_NNODES": "2",
+    }
+    events = (await gang.kube.list(CORE_EVENTS, gang.ns)).items
+    took = [
+        e["message"]
+        for e in events
+        if e["involvedObject"]["name"] == "sp" and e["reason"] == "SpareTookOver"
+    ]
+    assert took == ["Spare 2 takes worker 1's place at epoch 1; worker 1's new pod will be a spare"]
+
+    # Room again: sp-1's new pod is placed and becomes the spare, with no restart.
+    extra = f"{gang.ns}-n9"
+    new_node = kwok_node(extra, Options(gpus_per_node=2))
+    new_node["metadata"]["labels"]["gangjob-test"] = gang.ns
+    await gang.kube.create(NODES, new_node)
+    try:
+        job = await gang.running_at("sp", 1, 3, timeout=90)
+        assert (job["status"]["worldSize"], job["status"]["dropped"]) == (2, [1])
+        new_spare = gang.sim.workers["sp-1"]
+        assert new_spare.agent is not None
+        assert new_spare.trainer is None
+        assert uids(await gang.pods("sp"))["sp-1"] == pods["sp-1"]["metadata"]["uid"]
+    finally:
+        with contextlib.suppress(NotFound):
+            await gang.kube.delete(NODES, extra)
+
+
+async def test_spares_need_process_mode(
+    gang: Gang,  # noqa: F811 (the fixture)
+) -> None:
+    with pytest.raises(Invalid) as caught:
+        await gang.create(
+            "pod", 2, elastic={"minReplicas": 1, "maxReplicas": 2, "spares": 1}
+        )  # fmt: skip
+    assert "elastic.spares requires spec.restart.mode Process" in str(caught.value)
+    assert "spec.elastic.spares" in str(caught.value)

@@ -8,10 +8,23 @@ from typing import Any
 
 import pytest
 
-from api.constants import REASON_STRAY_POD, REASON_WORKER_REMOVED, ConditionType
+from api.constants import (
+    REASON_SPARE_TOOK_OVER,
+    REASON_STRAY_POD,
+    REASON_WORKER_REMOVED,
+    ConditionType,
+)
 from api.failures import FailureClass
-from api.v1alpha1 import FailureAction, GangJobStatus, RestartRecord, RestartTrigger
-from controller.policy.plan import plan
+from api.v1alpha1 import (
+    FailureAction,
+    GangJobStatus,
+    RestartMode,
+    RestartRecord,
+    RestartTrigger,
+)
+from controller.policy import scheduling
+from controller.policy.plan import Observed, plan
+from tests.unit.builders import make_job, make_node
 from tests.unit.gangs import (
     GANG_NOW,
     condition,
@@ -282,3 +295,139 @@ def test_the_coordinator_is_never_dropped() -> None:
     stuck = condition(result, ConditionType.STUCK)
     assert stuck is not None
     assert "worker 2 holds MASTER_ADDR" in stuck[2]
+
+
+# --- spares -------------------------------------------------------------------------------
+
+SPARES: dict[str, Any] = {
+    "elastic": {"minReplicas": 2, "maxReplicas": 8, "spares": 1, "waitSeconds": 60},
+    "restart": {"mode": "Process"},
+}
+LOST = make_node("node-1", ready="Unknown", taints=("node.kubernetes.io/unreachable",))
+
+
+def spare_gang(
+    pods: list[dict[str, Any]], status: GangJobStatus | None = None, **spec: dict[str, Any]
+) -> Observed:
+    """4 workers and spare 4 at epoch 0 (`status.dropped` [4]), node-1 lost."""
+    status = status or running_status(0, world_size=4, dropped=[4]).model_copy(
+        update={"mode": RestartMode.PROCESS}
+    )
+    return gang(4, status, pods=pods, nodes=(make_node(), LOST), **{**SPARES, **spec})
+
+
+def test_the_first_pass_puts_the_spares_out_of_the_world() -> None:
+    result = plan(gang(4, GangJobStatus(), pods=[], **SPARES))
+    assert (result.status.world_size, result.status.dropped) == (4, [4])
+    assert sorted(p["metadata"]["name"] for p in result.create_pods) == [
+        f"llama-{r}" for r in range(5)
+    ]
+    assert result.create_pod_group is None or result.create_pod_group["spec"]
+
+
+def test_a_placed_arrived_spare_takes_a_lost_workers_place_in_the_same_bump() -> None:
+    pods = [worker(r, 0, node="node-1" if r == 2 else "node-0") for r in range(5)]
+    observed = spare_gang(pods)
+    result = plan(observed)
+    assert result.status.epoch == 1  # one bump: the loss and the swap
+    assert (result.status.world_size, result.status.dropped) == (4, [2])
+    trigger = record(result).trigger
+    assert trigger.failure_class == FailureClass.NODE_LOST
+    assert trigger.detail is not None
+    assert trigger.detail.endswith("; spare 4 takes worker 2's place")
+    assert [d.name for d in result.delete_pods] == ["llama-2"]  # the spare's pod is kept
+    assert any(e.reason == REASON_SPARE_TOOK_OVER for e in result.events)
+    (restarting,) = (e for e in result.events if e.reason == "GangRestarting")
+    assert restarting.message.endswith("; spare 4 takes worker 2's place")
+    # The barrier of 1 waits for 0, 1, 3 and the spare, not for worker 2's new pod, which is
+    # made once the barrier opens: a pass while the agents arrive has no pod to create.
+    arriving = [worker(r, 1) for r in (0, 1, 3)] + [worker(4, 0)]
+    assert plan(spare_gang(arriving, result.status)).create_pods == []
+    after = [worker(r, 1) for r in (0, 1, 3, 4)]
+    opened = plan(spare_gang(after, result.status))
+    assert opened.status.barrier_epoch == 1
+    # Worker 2's new pod is created, out of the world: a spare once placed.
+    assert [p["metadata"]["name"] for p in opened.create_pods] == ["llama-2"]
+
+
+def test_a_spare_not_arrived_is_not_swapped_in() -> None:
+    pods = [worker(r, 0, node="node-1" if r == 2 else "node-0") for r in range(4)]
+    pods.append(worker(4, None))  # placed, its agent not arrived yet
+    result = plan(spare_gang(pods))
+    assert result.status.epoch == 1
+    assert (result.status.world_size, result.status.dropped) == (4, [4])
+    assert not any(e.reason == REASON_SPARE_TOOK_OVER for e in result.events)
+
+
+def test_the_coordinator_is_never_replaced_by_a_spare() -> None:
+    pods = [worker(r, 0, node="node-1" if r == 0 else "node-0") for r in range(5)]
+    result = plan(spare_gang(pods))
+    assert result.status.epoch == 1
+    assert result.status.dropped == [4]
+    assert [d.name for d in result.delete_pods] == ["llama-0"]
+
+
+def test_with_wait_seconds_0_and_no_spare_the_lost_worker_goes_at_once() -> None:
+    elastic = {"minReplicas": 2, "maxReplicas": 8, "waitSeconds": 0}
+    pods = [worker(r, 0, node="node-1" if r == 2 else "node-0") for r in range(4)]
+    status = running_status(0, world_size=4)
+    result = plan(gang(4, status, pods=pods, nodes=(make_node(), LOST), elastic=elastic))
+    assert result.status.epoch == 1
+    assert (result.status.world_size, result.status.dropped) == (3, [2])
+    assert (record(result).trigger.detail or "").endswith(
+        "; resized 4 -> 3 (worker lost, no spare)"
+    )
+    after = [worker(r, 1) for r in (0, 1, 3)]
+    status = result.status
+    again = plan(gang(4, status, pods=after, nodes=(make_node(),), elastic=elastic))
+    assert again.status.barrier_epoch == 1
+
+
+def test_a_spare_on_a_lost_node_is_replaced_in_the_background() -> None:
+    pods = [worker(r, 0, node="node-1" if r == 4 else "node-0") for r in range(5)]
+    result = plan(spare_gang(pods))
+    assert result.status.epoch == 0  # no restart: a spare is no member
+    assert [d.name for d in result.delete_pods] == ["llama-4"]
+
+
+def test_a_spare_is_no_failure() -> None:
+    pods = [worker(r, 0) for r in range(5)]
+    crashed(pods[4])
+    assert plan(spare_gang(pods)).status.epoch == 0
+
+
+def test_more_spares_need_no_restart() -> None:
+    pods = [worker(r, 0) for r in range(5)]
+    spec = {"elastic": {**SPARES["elastic"], "spares": 2}}
+    result = plan(spare_gang(pods, None, **spec))
+    assert result.restart_started is None
+    assert result.status.dropped == [4, 5]
+    assert [p["metadata"]["name"] for p in result.create_pods] == ["llama-5"]
+
+
+def test_a_smaller_size_turns_the_highest_workers_into_spares() -> None:
+    # 4 workers and spare 4; replicas 3: pods 0..3, worker 3 becomes the spare.
+    pods = [worker(r, 0) for r in range(5)]
+    status = running_status(0, world_size=4, dropped=[4]).model_copy(
+        update={"mode": RestartMode.PROCESS}
+    )
+    result = plan(gang(3, status, pods=pods, **SPARES))
+    assert result.status.epoch == 1
+    assert (result.status.world_size, result.status.dropped) == (3, [3])
+    assert [d.name for d in result.delete_pods] == ["llama-4"]
+
+
+def test_the_pod_group_counts_the_spares() -> None:
+    job = make_job(4, **SPARES)
+    assert scheduling.gang_size(job) == 3
+
+
+def test_spares_need_process_mode() -> None:
+    with pytest.raises(ValueError, match=r"elastic\.spares requires spec\.restart\.mode Process"):
+        make_job(4, elastic=SPARES["elastic"])
+
+
+def test_the_coordinator_is_never_a_spare_from_the_start() -> None:
+    spec = {**SPARES, "coordinator": {"role": "worker", "index": 4}}
+    result = plan(gang(4, GangJobStatus(), pods=[], **spec))
+    assert (result.status.world_size, result.status.dropped) == (4, [3])
