@@ -16,7 +16,13 @@ from api import builders
 from api.constants import LABEL_NAME
 from benchmarks.common import Progress, rss_mib
 from benchmarks.scale.observer import JobTracker, agents_at, milestones, pods_where, polled, running
-from benchmarks.scale.settings import BENCH_LABEL, BULK_TAINT, PODS_PER_NODE, Settings
+from benchmarks.scale.settings import (
+    BENCH_LABEL,
+    BULK_TAINT,
+    PODS_PER_NODE,
+    VICTIMS_LABEL,
+    Settings,
+)
 from controller.k8s import GANGJOBS, NODES, JsonDict, Kube, NotFound
 from localcluster.cluster import (
     KWOK_NODE_ANNOTATION,
@@ -48,6 +54,8 @@ class World:
     bulk: list[str] = field(default_factory=list)
     """The nodes of `PODS_PER_NODE` pods (the rest hold one each)."""
     gang_victims: list[str] = field(default_factory=list)
+    gang_victims_of: str = ""
+    """The gang whose `gang_victims` they are."""
     """Single-pod nodes of the gang being measured (`make_victims`)."""
     lost: set[str] = field(default_factory=set)
     """Nodes lost so far (`lose_node`)."""
@@ -88,13 +96,26 @@ def gangjob(
     mode: str,
     hang_seconds: int | None = None,
     spec: JsonDict | None = None,
+    own_nodes: bool = False,
 ) -> JsonDict:
-    """The benchmark's gang; `spec`: more of its spec (e.g. `progress`, `failurePolicy`)."""
+    """The benchmark's gang; `spec`: more of its spec (e.g. `progress`, `failurePolicy`). A
+    gang given nodes of its own (`make_victims`) prefers them, so that each holds one of its
+    workers whatever single-pod nodes earlier gangs left."""
     progress = {"progress": {"hangSeconds": hang_seconds}} if hang_seconds else {}
+    pod_spec: JsonDict = {"nodeSelector": {BENCH_LABEL: ns}}
+    if own_nodes:
+        term = {"matchExpressions": [{"key": VICTIMS_LABEL, "operator": "In", "values": [name]}]}
+        pod_spec["affinity"] = {
+            "nodeAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {"weight": 100, "preference": term}
+                ]
+            }
+        }
     return builders.gangjob(
         name, replicas, namespace=ns,
         image="localhost/busybox:dev", command=["sh", "-c", "sleep infinity"],
-        pod_spec={"nodeSelector": {BENCH_LABEL: ns}},
+        pod_spec=pod_spec,
         # The simulated kubelet, not KWOK, finishes these pods' deletion (by UID).
         pod_labels={SIMULATED_KUBELET_LABEL: "true"},
         restart_mode=mode, max_restarts=1000,
@@ -129,11 +150,12 @@ async def make_nodes(w: World) -> None:
 async def make_victims(w: World, gang: str, count: int) -> None:
     """`count` more single-pod nodes, for gang `gang`'s node losses (`w.gang_victims`): made
     before the gang, they are filled first, as `make_nodes`' are."""
-    w.gang_victims = []
+    w.gang_victims, w.gang_victims_of = [], gang
     for i in range(count):
         name = f"bench-{w.ns[-6:]}-{gang}{i}"
         node = kwok_node(name, Options(pods_per_node=1))
         node["metadata"]["labels"][BENCH_LABEL] = w.ns
+        node["metadata"]["labels"][VICTIMS_LABEL] = gang
         await w.kube.create(NODES, node)
         w.nodes.append(name)
         w.gang_victims.append(name)
@@ -202,7 +224,9 @@ async def start_gang(
 ) -> float:
     """Creates the gang and waits until every agent runs past the barrier of epoch 0."""
     t0 = time.monotonic()
-    await w.kube.create(GANGJOBS, gangjob(name, w.ns, w.n, mode, hang_seconds, spec), w.ns)
+    own = bool(w.gang_victims) and w.gang_victims_of == name
+    job = gangjob(name, w.ns, w.n, mode, hang_seconds, spec, own_nodes=own)
+    await w.kube.create(GANGJOBS, job, w.ns)
     progress = Progress(f"N={w.n} {mode} gang starting")
     n = w.n
     await milestones(

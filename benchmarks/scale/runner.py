@@ -157,9 +157,9 @@ async def run_gang(
     track_task = asyncio.create_task(tracker.run())
     spec = node_loss_spec(w, mode) if mode in NODE_LOSS else None
     if mode in NODE_LOSS:
-        # Single-pod nodes of its own, one more than the repetitions: the scheduler fills them
-        # first, and the coordinator's (or the spare's) node is not lost.
-        await make_victims(w, gang, w.settings.reps + 1)
+        # Single-pod nodes of its own, two more than the repetitions: its pods prefer them,
+        # and neither the coordinator's node nor the spare's is lost.
+        await make_victims(w, gang, w.settings.reps + 2)
         mode = "Process"
     # The hang gang: `Process` mode with `spec.progress.hangSeconds`.
     mode, hang_seconds = ("Process", HANG_SECONDS) if mode == HANG else (mode, None)

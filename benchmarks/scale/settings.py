@@ -74,6 +74,8 @@ ANNOTATION_FLOOR_CONCURRENCY = 32
 """annotation-floor: pod annotation patches in flight at once."""
 BENCH_LABEL = "gangjob-bench"
 BULK_TAINT = "gangjob-bench/bulk"
+VICTIMS_LABEL = "gangjob-bench/victims-of"
+"""On the single-pod nodes made for one gang's node losses: the gang's name."""
 FULL_TAINT = "gangjob-bench/full"
 """NoSchedule on the bulk nodes while a node-loss mode wants no room for a new pod."""
 POLL = 0.05

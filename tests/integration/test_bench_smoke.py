@@ -64,7 +64,11 @@ async def test_restart_scale_runs_every_mode_and_writes_a_report(
         "barrier->open",
     }  # fmt: skip
     assert floor["controller_share_s"]["bump"] is None  # no failure: the bench raised the epoch
-    assert res["in_place_to_open_s"]["median"] >= in_place["seconds"]["median"]
+    # To every agent's barrier open: the restart and its `barrier->open` step (which can be
+    # a few ms below 0: the agents may see the barrier before this process's watch does).
+    (ip_run,) = (r for r in res["runs"] if r["mode"] == "in-place")
+    to_open = ip_run["seconds"] + ip_run["steps"]["barrier->open"]
+    assert res["in_place_to_open_s"]["median"] == pytest.approx(to_open, abs=0.002)
     assert res["in_place_over_floor"] > 0
     assert res["recreate_over_in_place"] > 0
     assert res["recreate_over_in_place_annotation"] > 0
