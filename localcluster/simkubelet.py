@@ -598,7 +598,14 @@ class SimKubelet:
         job = pod["metadata"]["labels"][LABEL_NAME]
         wdir = self._root / name
         wdir.mkdir(parents=True, exist_ok=True)
-        w = self.workers.get(name) or Worker(name, pod_mode(pod), wdir, uid, job)
+        w = self.workers.get(name)
+        if w is not None and w.uid != uid:
+            # The worker of an earlier pod of this name (its node lost, its deletion not yet
+            # seen when this pod replaced it in `pods`): it must not stand for the new pod,
+            # whose status it would never write (`lost`).
+            self._stop_worker(name)
+            w = None
+        w = w or Worker(name, pod_mode(pod), wdir, uid, job)
         self.workers[name] = w
         if why:
             w.events.append(why)
