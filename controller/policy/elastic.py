@@ -98,8 +98,14 @@ def _to_drop(p: Pass, world: int, minimum: int, bumping: bool = False) -> list[i
 def _to_add(p: Pass, dropped: list[int]) -> list[int]:
     """Dropped workers whose pods were placed, if `growAfterSeconds` have passed since the
     last shrink or growth for capacity (else the pass is requeued for then)."""
+    # Placed on a node that is not lost: a cache a moment behind a force-delete can still
+    # show the worker's old pod on its dead node, and taking that in would lose it again.
     placed = [
-        d for d in dropped if (pod := p.gang.live.get(d)) is not None and pod.node_name is not None
+        d
+        for d in dropped
+        if (pod := p.gang.live.get(d)) is not None
+        and pod.node_name is not None
+        and classify.node_lost(pod.node_name, p.node_of(pod)) is None
     ]
     if not placed:
         return []

@@ -263,6 +263,16 @@ def test_a_dropped_worker_placed_again_rejoins_after_grow_after_seconds() -> Non
     assert 190 <= result.requeue_after <= 200
 
 
+def test_a_dropped_workers_old_pod_still_on_its_lost_node_is_not_taken_back() -> None:
+    # The cache a moment behind the force-delete: worker 2's old pod, still on its dead node.
+    status = running_status(2, world_size=3, dropped=[2])
+    pods = [worker(r, 2) for r in (0, 1, 3)] + [worker(2, 0, node="dead")]
+    nodes = (make_node(), make_node("dead", ready="Unknown"))
+    result = plan(gang(4, status, pods=pods, nodes=nodes, **WAITING))
+    assert result.status.epoch == 2
+    assert (result.status.world_size, result.status.dropped) == (3, [2])
+
+
 def test_a_dropped_worker_is_no_failure_and_not_waited_for() -> None:
     since = GANG_NOW - timedelta(seconds=600)
     pods = [worker(r, 2) for r in (0, 1, 3)] + [unschedulable(2, 1, since)]
