@@ -198,8 +198,26 @@ async def test_a_node_lost_without_capacity_shrinks_the_gang_and_it_grows_back(
     extra = f"{gang.ns}-n9"
     new_node = kwok_node(extra, Options(gpus_per_node=2))
     new_node["metadata"]["labels"]["gangjob-test"] = gang.ns
+    # Cordoned until KWOK has written its status (Ready, the GPUs) and the controller's cache
+    # has had a moment to see it: a pod bound to a node whose cached copy is still the bare
+    # one (no Ready, no GPUs) is judged lost there and recreated, a race of the test's brand
+    # new node that a registered node does not run into as often.
+    new_node.setdefault("spec", {})["unschedulable"] = True
     await gang.kube.create(NODES, new_node)
     try:
+        deadline = time.monotonic() + 60
+        while True:
+            got = await gang.kube.get(NODES, extra)
+            conditions = {
+                c["type"]: c["status"] for c in got.get("status", {}).get("conditions", [])
+            }
+            gpus = got.get("status", {}).get("allocatable", {}).get("nvidia.com/gpu")
+            if conditions.get("Ready") == "True" and gpus == "2":
+                break
+            assert time.monotonic() < deadline, got.get("status")
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(1.0)
+        await gang.kube.patch(NODES, extra, {"spec": {"unschedulable": False}})
         job = await gang.running_at("sh", shrunk_epoch + 1, 3, timeout=90)
         st = job["status"]
         assert (st["worldSize"], st.get("dropped", [])) == (3, [])
@@ -319,8 +337,26 @@ async def test_a_spare_takes_a_lost_workers_place_in_place(
     extra = f"{gang.ns}-n9"
     new_node = kwok_node(extra, Options(gpus_per_node=2))
     new_node["metadata"]["labels"]["gangjob-test"] = gang.ns
+    # Cordoned until KWOK has written its status (Ready, the GPUs) and the controller's cache
+    # has had a moment to see it: a pod bound to a node whose cached copy is still the bare
+    # one (no Ready, no GPUs) is judged lost there and recreated, a race of the test's brand
+    # new node that a registered node does not run into as often.
+    new_node.setdefault("spec", {})["unschedulable"] = True
     await gang.kube.create(NODES, new_node)
     try:
+        deadline = time.monotonic() + 60
+        while True:
+            got = await gang.kube.get(NODES, extra)
+            conditions = {
+                c["type"]: c["status"] for c in got.get("status", {}).get("conditions", [])
+            }
+            gpus = got.get("status", {}).get("allocatable", {}).get("nvidia.com/gpu")
+            if conditions.get("Ready") == "True" and gpus == "2":
+                break
+            assert time.monotonic() < deadline, got.get("status")
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(1.0)
+        await gang.kube.patch(NODES, extra, {"spec": {"unschedulable": False}})
         job = await gang.running_at("sp", 1, 3, timeout=90)
         assert (job["status"]["worldSize"], job["status"]["dropped"]) == (2, [1])
         new_spare = gang.sim.workers["sp-1"]
