@@ -196,28 +196,8 @@ async def test_a_node_lost_without_capacity_shrinks_the_gang_and_it_grows_back(
 
     # Capacity returns: a new node; the waiting worker is placed and the gang grows back.
     extra = f"{gang.ns}-n9"
-    new_node = kwok_node(extra, Options(gpus_per_node=2))
-    new_node["metadata"]["labels"]["gangjob-test"] = gang.ns
-    # Cordoned until KWOK has written its status (Ready, the GPUs) and the controller's cache
-    # has had a moment to see it: a pod bound to a node whose cached copy is still the bare
-    # one (no Ready, no GPUs) is judged lost there and recreated, a race of the test's brand
-    # new node that a registered node does not run into as often.
-    new_node.setdefault("spec", {})["unschedulable"] = True
-    await gang.kube.create(NODES, new_node)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            got = await gang.kube.get(NODES, extra)
-            conditions = {
-                c["type"]: c["status"] for c in got.get("status", {}).get("conditions", [])
-            }
-            gpus = got.get("status", {}).get("allocatable", {}).get("nvidia.com/gpu")
-            if conditions.get("Ready") == "True" and gpus == "2":
-                break
-            assert time.monotonic() < deadline, got.get("status")
-            await asyncio.sleep(0.2)
-        await asyncio.sleep(1.0)
-        await gang.kube.patch(NODES, extra, {"spec": {"unschedulable": False}})
+        await _add_node(gang, extra)
         job = await gang.running_at("sh", shrunk_epoch + 1, 3, timeout=90)
         st = job["status"]
         assert (st["worldSize"], st.get("dropped", [])) == (3, [])
@@ -335,28 +315,8 @@ async def test_a_spare_takes_a_lost_workers_place_in_place(
 
     # Room again: sp-1's new pod is placed and becomes the spare, with no restart.
     extra = f"{gang.ns}-n9"
-    new_node = kwok_node(extra, Options(gpus_per_node=2))
-    new_node["metadata"]["labels"]["gangjob-test"] = gang.ns
-    # Cordoned until KWOK has written its status (Ready, the GPUs) and the controller's cache
-    # has had a moment to see it: a pod bound to a node whose cached copy is still the bare
-    # one (no Ready, no GPUs) is judged lost there and recreated, a race of the test's brand
-    # new node that a registered node does not run into as often.
-    new_node.setdefault("spec", {})["unschedulable"] = True
-    await gang.kube.create(NODES, new_node)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            got = await gang.kube.get(NODES, extra)
-            conditions = {
-                c["type"]: c["status"] for c in got.get("status", {}).get("conditions", [])
-            }
-            gpus = got.get("status", {}).get("allocatable", {}).get("nvidia.com/gpu")
-            if conditions.get("Ready") == "True" and gpus == "2":
-                break
-            assert time.monotonic() < deadline, got.get("status")
-            await asyncio.sleep(0.2)
-        await asyncio.sleep(1.0)
-        await gang.kube.patch(NODES, extra, {"spec": {"unschedulable": False}})
+        await _add_node(gang, extra)
         job = await gang.running_at("sp", 1, 3, timeout=90)
         assert (job["status"]["worldSize"], job["status"]["dropped"]) == (2, [1])
         new_spare = gang.sim.workers["sp-1"]
@@ -377,3 +337,29 @@ async def test_spares_need_process_mode(
         )  # fmt: skip
     assert "elastic.spares requires spec.restart.mode Process" in str(caught.value)
     assert "spec.elastic.spares" in str(caught.value)
+
+
+async def _add_node(gang: Gang, name: str) -> None:  # noqa: F811 (the fixture's type)
+    """A node of two GPUs for the gang's namespace, opened to the scheduler only once KWOK has
+    written its status (Ready, the GPUs) and the controller's cache has had a moment to see
+    it: a pod bound to a node whose cached copy is still the bare one (no Ready, no GPUs) is
+    judged lost there and recreated, a race of a brand-new node that a kubelet's registered
+    node does not run into as often."""
+    node = kwok_node(name, Options(gpus_per_node=2))
+    node["metadata"]["labels"]["gangjob-test"] = gang.ns
+    node.setdefault("spec", {})["unschedulable"] = True
+    await gang.kube.create(NODES, node)
+    deadline = time.monotonic() + 60
+    while True:
+        got = await gang.kube.get(NODES, name)
+        status = got.get("status", {})
+        conditions = {c["type"]: c["status"] for c in status.get("conditions", [])}
+        if (
+            conditions.get("Ready") == "True"
+            and status.get("allocatable", {}).get("nvidia.com/gpu") == "2"
+        ):
+            break
+        assert time.monotonic() < deadline, status
+        await asyncio.sleep(0.2)
+    await asyncio.sleep(1.0)
+    await gang.kube.patch(NODES, name, {"spec": {"unschedulable": False}})
