@@ -32,7 +32,7 @@ from api.constants import (
 )
 from api.failures import FailureClass
 from api.v1alpha1 import ElasticSpec, FailureAction, RestartRecord, RestartTrigger
-from controller.policy import classify, restart
+from controller.policy import restart
 from controller.policy.gang import (
     POD_RUNNING,
     POD_TERMINAL,
@@ -105,7 +105,7 @@ def _to_add(p: Pass, dropped: list[int]) -> list[int]:
         for d in dropped
         if (pod := p.gang.live.get(d)) is not None
         and pod.node_name is not None
-        and classify.node_lost(pod.node_name, p.node_of(pod)) is None
+        and p.node_lost(pod) is None
     ]
     if not placed:
         return []
@@ -158,7 +158,7 @@ def _ready_spares(p: Pass, out: set[int]) -> list[int]:
         pod = staying.get(worker)
         if pod is None or pod.node_name is None or pod.phase != POD_RUNNING:
             continue
-        if classify.node_lost(pod.node_name, p.node_of(pod)) is not None:
+        if p.node_lost(pod) is not None:
             continue
         if pod.arrived_epoch == epoch:
             ready.append(worker)
@@ -179,12 +179,10 @@ def _recreated_members(p: Pass, out: set[int]) -> list[int]:
 def _renew_lost_spares(p: Pass, out: set[int]) -> None:
     """A spare whose pod ended or whose node was lost gets a new pod, in the background:
     nothing waits for it, and `lifecycle.create` makes the new one once the name is free."""
+    staying = p.staying()
     for worker in sorted(out):
-        pod = p.staying().get(worker)
-        if pod is None:
-            continue
-        lost = pod.node_name is not None and classify.node_lost(pod.node_name, p.node_of(pod))
-        if pod.phase in POD_TERMINAL or lost:
+        pod = staying.get(worker)
+        if pod is not None and (pod.phase in POD_TERMINAL or p.node_lost(pod) is not None):
             p.delete(pod, REASON_WORKER_RECREATED)
 
 

@@ -22,7 +22,7 @@ from api.v1alpha1 import (
     RoleStatus,
     WorkersStatus,
 )
-from controller.policy.classify import Decision
+from controller.policy.classify import Decision, node_lost
 from controller.policy.conditions import set_condition
 from controller.policy.gang import Gang
 from controller.policy.views import NodeView, PodView
@@ -244,6 +244,11 @@ class Pass:
 
     def node_of(self, pod: PodView) -> NodeView | None:
         return self.observed.nodes.get(pod.node_name) if pod.node_name else None
+
+    def node_lost(self, pod: PodView) -> str | None:
+        """Why the node the pod is placed on is lost (`classify.node_lost`); None if it is not,
+        or if the pod is not placed."""
+        return node_lost(pod.node_name, self.node_of(pod)) if pod.node_name else None
 
     def set_condition(
         self, type_: ConditionType, status: ConditionStatus, reason: str, message: str

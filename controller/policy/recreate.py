@@ -105,10 +105,9 @@ def _stuck(p: Pass, pod: PodView) -> tuple[FailureClass, str] | None:
     `Process` mode its trainer's container, the agent, is dead), or None."""
     if pod.phase in POD_TERMINAL:
         return FailureClass.POD_FAILED, f"pod is {pod.phase}"
-    if pod.node_name is not None:
-        lost = classify.node_lost(pod.node_name, p.node_of(pod))
-        if lost is not None:
-            return FailureClass.NODE_LOST, lost
+    lost = p.node_lost(pod)
+    if lost is not None:
+        return FailureClass.NODE_LOST, lost
     trainer = pod.container(p.job.spec.role_of(pod.rank or 0).trainer_container_name)
     wrapped = RESTART_MODES[p.effective_mode].agent is AgentPlacement.WRAPPER
     if wrapped and trainer and trainer.state == "terminated":
