@@ -239,22 +239,38 @@ def node_lost(results: Results, settings: Settings) -> list[Verdict]:
     return [Verdict(goal, nl <= limit, figures, slowest(res, "node-lost"))]
 
 
+def _within_in_place(
+    res: dict[str, Any] | None, why: str, goal: str, mode: str, limit: float, process: bool
+) -> Verdict:
+    """`mode`'s median within `limit` times in place's, same run; with `process`, its ratio to
+    the `Process` gang's in-place restart is shown too."""
+    ip = median(res, "in-place") if res else None
+    t = median(res, mode) if res else None
+    if res is None or t is None or ip is None:
+        return Verdict(goal, None, "", why or f"{mode} or in-place not measured")
+    ratio = t / ip
+    figures = f"{t:.2f} s / in-place {ip:.2f} s = {ratio:.2f}x"
+    pr = median(res, "process") if process else None
+    if pr is not None:
+        figures += f" (Process mode in place {pr:.2f} s: {t / pr:.2f}x)"
+    return Verdict(goal, ratio <= limit, figures, slowest(res, mode))
+
+
 def resize(results: Results) -> list[Verdict]:
     """Each resize row within `RESIZE_OVER_IN_PLACE_MAX` of in place; not measured unless the
     run took `resize`."""
     res, why = _at(results, RESIZE_AT)
-    ip = median(res, "in-place") if res else None
-    out = []
-    for row in ("resize-down", "resize-up"):
-        goal = f"{row} within {RESIZE_OVER_IN_PLACE_MAX:g}x of in place at N={RESIZE_AT}"
-        t = median(res, row) if res else None
-        if res is None or t is None or ip is None:
-            out.append(Verdict(goal, None, "", why or f"{row} or in-place not measured"))
-            continue
-        ratio = t / ip
-        figures = f"{t:.2f} s / {ip:.2f} s = {ratio:.2f}x"
-        out.append(Verdict(goal, ratio <= RESIZE_OVER_IN_PLACE_MAX, figures, slowest(res, row)))
-    return out
+    return [
+        _within_in_place(
+            res,
+            why,
+            f"{row} within {RESIZE_OVER_IN_PLACE_MAX:g}x of in place at N={RESIZE_AT}",
+            row,
+            RESIZE_OVER_IN_PLACE_MAX,
+            process=False,
+        )
+        for row in ("resize-down", "resize-up")
+    ]
 
 
 def node_loss(results: Results) -> list[Verdict]:
@@ -262,26 +278,21 @@ def node_loss(results: Results) -> list[Verdict]:
     restart of the same run: an elastic gang shrinks, a spare takes the worker's place, each
     within `NODE_LOSS_OVER_IN_PLACE_MAX`; without elastic the gang waits (reported)."""
     res, why = _at(results, NODE_LOSS_AT)
-    ip = median(res, "in-place") if res else None
-    out = []
-    for mode, what in (
-        (NODE_LOST_SHRINK, "node lost, no spare capacity: elastic shrink"),
-        (NODE_LOST_SPARE, "node lost with a spare"),
-    ):
-        goal = (
+    out = [
+        _within_in_place(
+            res,
+            why,
             f"{what} (failure visible -> barrier) within {NODE_LOSS_OVER_IN_PLACE_MAX:g}x of "
-            f"in place at N={NODE_LOSS_AT}"
+            f"in place at N={NODE_LOSS_AT}",
+            mode,
+            NODE_LOSS_OVER_IN_PLACE_MAX,
+            process=True,
         )
-        t = median(res, mode) if res else None
-        if res is None or t is None or ip is None:
-            out.append(Verdict(goal, None, "", why or f"{mode} or in-place not measured"))
-            continue
-        ratio = t / ip
-        figures = f"{t:.2f} s / in-place {ip:.2f} s = {ratio:.2f}x"
-        pr = median(res, "process")
-        if pr is not None:
-            figures += f" (Process mode in place {pr:.2f} s: {t / pr:.2f}x)"
-        out.append(Verdict(goal, ratio <= NODE_LOSS_OVER_IN_PLACE_MAX, figures, slowest(res, mode)))
+        for mode, what in (
+            (NODE_LOST_SHRINK, "node lost, no spare capacity: elastic shrink"),
+            (NODE_LOST_SPARE, "node lost with a spare"),
+        )
+    ]
     goal = f"node lost without elastic, no capacity: the gang waits, at N={NODE_LOSS_AT}"
     m = (res or {}).get("modes", {}).get(NODE_LOST_WAIT)
     if res is None or not m:
