@@ -12,7 +12,7 @@ import contextlib
 import itertools
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -444,15 +444,19 @@ async def _resize_to(
     return row
 
 
-async def node_lost(w: World, tracker: JobTracker, rep: int, node: str) -> dict[str, Any] | None:
+def _alone_on(w: World, node: str) -> JsonDict | None:
+    """The one worker pod on `node`, whose loss loses exactly one worker; None (and said) if
+    the node holds none or several."""
     on_node = [p for p in w.s.pods.values() if p["spec"].get("nodeName") == node]
     if len(on_node) != 1:
         print(f"  node {node} holds {len(on_node)} workers: skipped", file=sys.stderr)
         return None
-    victim, old_uid = on_node[0]["metadata"]["name"], uid(on_node[0])
-    epoch = int(tracker.status.get("epoch", 0))
-    e1, n = epoch + 1, w.n
-    tally = AgentTally(w.s, e1)
+    return on_node[0]
+
+
+def _losing(w: World, victim: str, node: str) -> tuple[Callable[[], Awaitable[None]], list[float]]:
+    """What loses `node` and the agent of `victim` on it, and the list its time goes to once
+    the loss is written (the failure visible)."""
     visible: list[float] = []
 
     async def inject() -> None:
@@ -460,6 +464,19 @@ async def node_lost(w: World, tracker: JobTracker, rep: int, node: str) -> dict[
         await lose_node(w.kube, node)
         w.lost.add(node)
         visible.append(time.monotonic())
+
+    return inject, visible
+
+
+async def node_lost(w: World, tracker: JobTracker, rep: int, node: str) -> dict[str, Any] | None:
+    pod = _alone_on(w, node)
+    if pod is None:
+        return None
+    victim, old_uid = pod["metadata"]["name"], uid(pod)
+    epoch = int(tracker.status.get("epoch", 0))
+    e1, n = epoch + 1, w.n
+    tally = AgentTally(w.s, e1)
+    inject, visible = _losing(w, victim, node)
 
     def recreated() -> bool:
         p = w.s.pods.get(victim)
@@ -536,24 +553,17 @@ async def node_loss(
     capacity away for every repetition (`capacity_returns` False: the shrinking gang's lost
     workers stay pending, else the next loss would find one placed, a spare), capacity then
     returns and the gang settles, its spare placed and arrived, before the next repetition."""
-    on_node = [p for p in w.s.pods.values() if p["spec"].get("nodeName") == node]
-    if len(on_node) != 1:
-        print(f"  node {node} holds {len(on_node)} workers: skipped", file=sys.stderr)
+    pod = _alone_on(w, node)
+    if pod is None:
         return None
-    victim = on_node[0]["metadata"]["name"]
+    victim = pod["metadata"]["name"]
     status = tracker.status
     epoch = int(status.get("epoch", 0))
     e1 = epoch + 1
     world = int(status.get("worldSize") or w.n)
     members = world - 1 if mode == NODE_LOST_SHRINK else world
     tally = AgentTally(w.s, e1)
-    visible: list[float] = []
-
-    async def inject() -> None:
-        w.s.lose(victim)
-        await lose_node(w.kube, node)
-        w.lost.add(node)
-        visible.append(time.monotonic())
+    inject, visible = _losing(w, victim, node)
 
     checks: dict[str, Check] = {
         "visible": lambda: visible[0] if visible else None,
