@@ -127,16 +127,21 @@ async def test_an_agent_arrives_over_tls_verified_by_the_ca_it_is_given(
         await until(a, lambda s: s.barrier_open)  # the state line, read over TLS
 
 
+async def refused(served: Served, a: Agent) -> None:
+    """The agent, refusing the endpoint's certificate, arrives by annotation instead; the
+    handshake failed before any request, so its token never left it."""
+    async with running(a):
+        await until(a, lambda s: s.step == Step.AT_BARRIER)
+        assert served.tokens_seen == []
+        assert served.book.get(NS, "train-0") is None
+        assert served.fake.annotations("train-0") == {ANNOTATION_EPOCH: "0"}
+
+
 async def test_an_agent_given_the_wrong_ca_refuses_the_endpoint(
     served: Served, tmp_path: pathlib.Path
 ) -> None:
     a = agent(served, tmp_path, "other-ca.crt", direct_fallback_seconds=0.3)
-    async with running(a):
-        await until(a, lambda s: s.step == Step.AT_BARRIER)
-        # The handshake failed before any request: its token never left it.
-        assert served.tokens_seen == []
-        assert served.book.get(NS, "train-0") is None
-        assert served.fake.annotations("train-0") == {ANNOTATION_EPOCH: "0"}
+    await refused(served, a)
 
 
 async def test_an_agent_given_the_ca_of_the_controllers_own_certificate_arrives_over_tls(
@@ -159,11 +164,7 @@ async def test_an_agent_given_another_ca_pem_refuses_the_controllers_own_certifi
     served, _ = own
     other = certs.make_ca(datetime.datetime.now(datetime.UTC))[0].decode()
     a = agent(served, tmp_path, None, arrival_ca_pem=other, direct_fallback_seconds=0.3)
-    async with running(a):
-        await until(a, lambda s: s.step == Step.AT_BARRIER)
-        assert served.tokens_seen == []
-        assert served.book.get(NS, "train-0") is None
-        assert served.fake.annotations("train-0") == {ANNOTATION_EPOCH: "0"}
+    await refused(served, a)
 
 
 async def test_a_plain_http_request_to_the_controllers_own_tls_endpoint_gets_nothing(

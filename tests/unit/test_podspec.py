@@ -207,6 +207,14 @@ def container(spec: dict[str, Any], name: str, key: str = "containers") -> dict[
     return result
 
 
+def agent_container(spec: dict[str, Any], mode: RestartMode) -> dict[str, Any]:
+    """The container the agent runs in: the trainer's in `Process` mode (the wrapper), else
+    the native sidecar."""
+    if mode is RestartMode.PROCESS:
+        return container(spec, "trainer")
+    return container(spec, "gangjob-agent", "initContainers")
+
+
 AGENT_ENV = [
     {"name": "GANGJOB_NAME", "value": JOB_NAME},
     {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -780,10 +788,7 @@ def test_arrival_endpoint_gives_the_agent_its_url_and_an_audience_bound_token(
             }
         }
     ]
-    if mode is RestartMode.PROCESS:
-        agent = container(spec, "trainer")
-    else:
-        agent = container(spec, "gangjob-agent", "initContainers")
+    agent = agent_container(spec, mode)
     env = {e["name"]: e.get("value") for e in agent["env"]}
     assert env["GANGJOB_ARRIVAL_URL"] == url
     assert env["GANGJOB_ARRIVAL_TOKEN_FILE"] == "/var/run/secrets/gangjob.io/arrival/token"
@@ -805,10 +810,7 @@ def test_an_https_endpoint_gives_the_agent_the_ca_beside_the_token(mode: Restart
     ca = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
     url = "https://gangjob-arrivals.gangjob-system.svc:8082"
     spec = build_pod(job, 0, AGENT, url, ca)["spec"]
-    if mode is RestartMode.PROCESS:
-        agent = container(spec, "trainer")
-    else:
-        agent = container(spec, "gangjob-agent", "initContainers")
+    agent = agent_container(spec, mode)
     env = {e["name"]: e.get("value") for e in agent["env"]}
     assert env["GANGJOB_ARRIVAL_URL"] == url
     assert env["GANGJOB_ARRIVAL_CA_PEM"] == ca
