@@ -456,7 +456,7 @@ class Agent:
         if state is None:
             env |= epoch_env(target, None, None)
         else:
-            rank = dense_rank(self.config.rank, state.dropped)
+            rank = dense_rank(self.config.rank, state.dropped, state.places)
             env |= epoch_env(target, rank, state.world_size)
         env[ENV_DIR] = str(self.config.dir)
         env[ENV_PET_RDZV_ID] = rendezvous_id(self.config.job_name, target)
@@ -592,7 +592,7 @@ class Agent:
         return state
 
     def _write_world_file(self, epoch: int, state: JobState) -> None:
-        rank = dense_rank(self.config.rank, state.dropped)
+        rank = dense_rank(self.config.rank, state.dropped, state.places)
         if state.world_size is None or rank is None:
             return
         try:

@@ -45,6 +45,9 @@ class JobState:
     write it: the pod's own environment stands)."""
     dropped: frozenset[int] = frozenset()
     """`status.dropped`: the workers an elastic gang goes on without at `epoch`."""
+    places: tuple[tuple[int, int], ...] = ()
+    """`status.places`: (worker, place) of the workers ranked in another's place at `epoch`
+    (a spare holding a lost worker's rank)."""
 
     @classmethod
     def from_object(cls, obj: dict[str, Any]) -> JobState:
@@ -58,6 +61,7 @@ class JobState:
         phase = status.get("phase")
         roles = status.get("roles")
         dropped = status.get("dropped")
+        places = status.get("places")
         complete = frozenset(
             r["name"]
             for r in (roles if isinstance(roles, list) else [])
@@ -75,6 +79,15 @@ class JobState:
             dropped=frozenset(
                 d for d in (dropped if isinstance(dropped, list) else []) if _int(d) is not None
             ),
+            places=tuple(
+                sorted(
+                    (w, at)
+                    for entry in (places if isinstance(places, list) else [])
+                    if isinstance(entry, dict)
+                    and (w := _int(entry.get("worker"))) is not None
+                    and (at := _int(entry.get("place"))) is not None
+                )
+            ),
         )
 
     @property
@@ -89,13 +102,25 @@ def _int(value: Any) -> int | None:
     return None
 
 
-def dense_rank(worker: int | None, dropped: frozenset[int]) -> int | None:
+def dense_rank(
+    worker: int | None, dropped: frozenset[int], places: tuple[tuple[int, int], ...] = ()
+) -> int | None:
     """The `RANK` of worker number `worker` at an epoch that goes on without `dropped`: its
-    number less the dropped workers below it, so that ranks stay dense (docs/design.md section
-    3.12). None for a dropped worker, or without a number."""
+    position among the epoch's workers ordered by place, then number, so that ranks stay dense
+    (docs/design.md section 3.12). A worker's place is its number, unless `places` gives it
+    another's (a spare holding a lost worker's rank): without `places`, its number less the
+    dropped workers below it. None for a dropped worker, or without a number.
+
+    O(dropped + places), not O(world): every agent computes its own at every epoch."""
     if worker is None or worker in dropped:
         return None
-    return worker - sum(1 for d in dropped if d < worker)
+    moved = {w: at for w, at in places if w not in dropped and w != at}
+    key = (moved.get(worker, worker), worker)
+    # Workers at their own number n come first while (n, n) < key: every n below the place,
+    # and the place itself when a worker of a higher number holds it (ties go by number).
+    limit = key[0] + 1 if key[0] < worker else key[0]
+    own = limit - sum(1 for d in dropped if d < limit) - sum(1 for w in moved if w < limit)
+    return own + sum(1 for w, at in moved.items() if (at, w) < key)
 
 
 def in_world(worker: int | None, state: JobState) -> bool:
@@ -104,7 +129,7 @@ def in_world(worker: int | None, state: JobState) -> bool:
     about to be deleted. Without a number or a world (a gang that is not elastic): yes."""
     if worker is None or state.world_size is None:
         return True
-    rank = dense_rank(worker, state.dropped)
+    rank = dense_rank(worker, state.dropped, state.places)
     return rank is not None and rank < state.world_size
 
 

@@ -34,11 +34,11 @@ def newest(a: JobState, b: JobState) -> JobState:
     # The world belongs to its epoch: the view of the later epoch says it.
     if a.epoch != b.epoch:
         later = a if a.epoch > b.epoch else b
-        world, dropped = later.world_size, later.dropped
+        world, dropped, places = later.world_size, later.dropped, later.places
     elif b.world_size is not None:
-        world, dropped = b.world_size, b.dropped
+        world, dropped, places = b.world_size, b.dropped, b.places
     else:
-        world, dropped = a.world_size, a.dropped
+        world, dropped, places = a.world_size, a.dropped, a.places
     return JobState(
         epoch=max(a.epoch, b.epoch),
         barrier_epoch=barrier,
@@ -47,6 +47,7 @@ def newest(a: JobState, b: JobState) -> JobState:
         complete_roles=a.complete_roles | b.complete_roles,
         world_size=world,
         dropped=dropped,
+        places=places,
     )
 
 

@@ -266,7 +266,8 @@ changed)`, in `status.lastRestart`, `status.history` and the `GangRestarting` Ev
 `status.worldSize` (column `World`) is the size of the current epoch.
 
 **Ranks are given per epoch.** Ranks stay dense, `0..worldSize-1`: a worker's rank is its
-number in the gang (its pod `<job>-<number>`) less the dropped workers below it (below). A
+place among the epoch's workers in the order of their numbers (its pod `<job>-<number>`): its
+number less the dropped workers below it (below), unless it is a spare in another's place. A
 pod's environment is fixed when the pod is created, so after a resize a kept pod's own
 `WORLD_SIZE` is stale; the agent gives the trainer the epoch's values when it starts it:
 
@@ -289,8 +290,8 @@ must re-shard its data by the new `WORLD_SIZE` itself.
 gone) whose pod stays `Unschedulable` for `elastic.waitSeconds` is dropped at the next epoch,
 `resized 8 -> 7 (node lost, no capacity)`, while the gang stays at or above `minReplicas`
 (never the coordinator, `MASTER_ADDR`; below `minReplicas` the gang waits, and `Stuck` says why,
-reason `ElasticAtMinimum`). `status.dropped` lists such workers; their pods stay, pending, and a
-worker's `RANK` is its number less the dropped workers below it. Once a dropped worker's pod is
+reason `ElasticAtMinimum`). `status.dropped` lists such workers; their pods stay, pending, and the
+ranks above a dropped worker's move down by one. Once a dropped worker's pod is
 placed, it rejoins at a new epoch, `resized 7 -> 8 (capacity returned)`, at most once per
 `elastic.growAfterSeconds`. Keep `waitSeconds` below `restart.barrierTimeoutSeconds`. With
 `waitSeconds: 0` the gang does not wait for a recreated worker at all: it goes on without it in
@@ -308,8 +309,9 @@ detail says `spare 9 takes worker 3's place`, with a `SpareTookOver` Event. No p
 scheduled or started on the restart's critical path: node loss costs about an in-place
 restart. The recreated worker's new pod is created in the background, out of the world, and is
 the next spare once placed; a spare whose own node is lost is replaced the same way, with no
-restart. Ranks stay dense by number, so the ranks of the workers between the lost one and the
-spare move down by one. The coordinator (`MASTER_ADDR`, worker 0) is never replaced by a spare:
+restart. The spare runs with the lost worker's `RANK` (`status.places` lists it, `{worker: 9,
+place: 3}`), and every other worker keeps its own: only the spare has a shard to load. The
+coordinator (`MASTER_ADDR`, worker 0) is never replaced by a spare:
 every pod's `MASTER_ADDR` names its pod, so its loss waits for its new pod as without spares.
 
 A job queued by Kueue (label `kueue.x-k8s.io/queue-name`) keeps the size Kueue admitted: the

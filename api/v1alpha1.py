@@ -1515,6 +1515,18 @@ class WorkersStatus(_Model):
     )
 
 
+class Place(_Model):
+    """A worker of an elastic gang's world that holds another worker's place in the rank
+    order: a spare that took the place of a lost worker runs with that worker's `RANK`."""
+
+    worker: int = Field(ge=0, description="The worker (`gangjob.io/rank`) holding the place.")
+    place: int = Field(
+        ge=0,
+        description="The worker whose place in the rank order it holds: it is ranked as that "
+        "worker would be, so its `RANK` is the one the lost worker had.",
+    )
+
+
 class RoleStatus(_Model):
     """Where one role stands, and counts of its workers."""
 
@@ -1794,8 +1806,18 @@ class GangJobStatus(_Model):
         max_length=_ELASTIC_DROPPED_MAX,
         description="Workers (`gangjob.io/rank`) an elastic gang goes on without at this epoch: "
         "its spares (`elastic.spares`), and workers whose pods could not be placed for "
-        "`elastic.waitSeconds`. Each worker's `RANK` is its number less the dropped workers "
-        "below it, so ranks stay dense.",
+        "`elastic.waitSeconds`. Ranks stay dense: a worker's `RANK` is its place among the "
+        "epoch's workers, in the order of their numbers (or of their `places`).",
+    )
+    places: list[Place] = Field(
+        default_factory=list,
+        max_length=_ELASTIC_DROPPED_MAX,
+        description="Workers of the world ranked in another worker's place: a spare that took "
+        "a lost worker's place holds its rank, so the other workers keep theirs.",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["worker"],
+        },
     )
     workers: WorkersStatus = Field(
         default_factory=WorkersStatus, description="Counts of the gang's workers."

@@ -236,6 +236,8 @@ def state_line(job: JsonDict) -> bytes:
         state["worldSize"] = status["worldSize"]
     if status.get("dropped"):
         state["dropped"] = status["dropped"]
+    if status.get("places"):
+        state["places"] = status["places"]
     # Only the roles done for good: a worker of one that succeeded is then no longer held.
     complete = [r["name"] for r in status.get("roles") or () if r.get("state") == "Complete"]
     if complete:

@@ -15,8 +15,10 @@ epoch (one bump, class `Resized`, not counted):
   but placed and arrived; a worker of the world that a restart recreates gives its place to
   one in that restart's bump, and its new pod becomes a spare once placed.
 
-Ranks stay dense: a worker's `RANK` is its number less the dropped workers below it
-(`agent.protocol.dense_rank`), `0..worldSize-1`, one worker each."""
+Ranks stay dense: a worker's `RANK` is its position among the epoch's workers in the order of
+their numbers (`agent.protocol.dense_rank`), `0..worldSize-1`, one worker each; a spare that
+took a worker's place is ranked in that place (`status.places`), so it runs with the lost
+worker's `RANK` and no other worker's rank moves."""
 
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ from api.constants import (
     REASON_WORKER_REMOVED,
 )
 from api.failures import FailureClass
-from api.v1alpha1 import ElasticSpec, FailureAction, RestartRecord, RestartTrigger
+from api.v1alpha1 import ElasticSpec, FailureAction, Place, RestartRecord, RestartTrigger
 from controller.policy import restart
 from controller.policy.gang import (
     POD_RUNNING,
@@ -194,6 +196,15 @@ def _to_spares(p: Pass, out: set[int], count: int) -> list[int]:
     return members[::-1][:count]
 
 
+def _places(places: dict[int, int], out: set[int], workers: int) -> list[Place]:
+    """`status.places` of a world without `out`: the members ranked in another's place."""
+    return [
+        Place(worker=w, place=at)
+        for w, at in sorted(places.items())
+        if w not in out and w < workers and w != at
+    ]
+
+
 def _members_before(p: Pass) -> set[int]:
     spanned = epoch_workers(p.status)
     assert spanned is not None
@@ -236,6 +247,7 @@ def resize(p: Pass) -> bool:
     if workers - len(out) != old:
         reasons.append(WHY_REPLICAS)
     swaps: list[tuple[int, int]] = []
+    places = {pl.worker: pl.place for pl in p.status.places}
     lost = _recreated_members(p, out)
     for spare in _ready_spares(p, out):
         if not lost:
@@ -243,6 +255,8 @@ def resize(p: Pass) -> bool:
         worker = lost.pop(0)
         swaps.append((spare, worker))
         out = (out - {spare}) | {worker}
+        # The spare is ranked where the lost worker was: its RANK, and nobody else's moves.
+        places[spare] = places.pop(worker, worker)
     room = max(0, workers - len(out) - elastic.min_replicas)
     gone = lost[:room] if elastic.wait_seconds == 0 else []
     if gone:
@@ -272,6 +286,7 @@ def resize(p: Pass) -> bool:
         # No worker joins or leaves the world: no bump. Dropped workers and spares past a
         # smaller size leave the list, and their pods go; new spares are created.
         p.status.dropped = dropped
+        p.status.places = _places(places, out, workers)
         return False
     parts = [swap_text(spare, worker) for spare, worker in swaps]
     if world != old or reasons:
@@ -279,6 +294,7 @@ def resize(p: Pass) -> bool:
     detail = "; ".join(parts)
     p.status.world_size = world
     p.status.dropped = dropped
+    p.status.places = _places(places, out, workers)
     for spare, worker in swaps:
         p.events.append(
             EventSpec(

@@ -279,6 +279,7 @@ async def test_a_spare_takes_a_lost_workers_place_in_place(
     assert st["lastRestart"]["trigger"]["class"] == "NodeLost"
     assert st["lastRestart"]["trigger"]["detail"].endswith("; spare 2 takes worker 1's place")
     assert st["lastRestart"]["recreated"] == [1]
+    assert st["places"] == [{"worker": 2, "place": 1}]  # the spare holds worker 1's rank
 
     # The barrier did not wait for worker 1's new pod, created in the background once the
     # old one was force-deleted; it waits for room.

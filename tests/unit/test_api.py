@@ -111,6 +111,7 @@ SAMPLE: dict[str, Any] = {
         "epoch": 2,
         "barrierEpoch": 2,
         "dropped": [],
+        "places": [],
         "workers": {"total": 4, "ready": 4, "arrived": 4},
         "restarts": {"total": 2, "counted": 1, "inPlace": 1, "recreatedWorkers": 1},
         "lastRestart": {
@@ -251,6 +252,7 @@ def test_dump_status_is_camel_case_without_nones() -> None:
         # Always sent, empty too: the status write is a merge patch, and only a list written
         # whole clears the workers an elastic gang had dropped.
         "dropped": [],
+        "places": [],
         "workers": {"total": 0, "ready": 0, "arrived": 0},
         "restarts": {"total": 0, "counted": 0, "inPlace": 0, "recreatedWorkers": 0},
         "history": [],

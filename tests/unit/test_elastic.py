@@ -8,6 +8,8 @@ import pathlib
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from agent.cli import launch_env
@@ -148,6 +150,50 @@ def test_ranks_stay_dense_around_dropped_workers() -> None:
     dropped = frozenset({1, 3})
     assert [dense_rank(w, dropped) for w in range(6)] == [0, None, 1, None, 2, 3]
     assert dense_rank(None, dropped) is None
+
+
+def test_a_spare_in_a_lost_workers_place_takes_its_rank_and_moves_nobody() -> None:
+    # Workers 0..5, spare 6; worker 2 lost, spare 6 in its place; 2's new pod is a spare.
+    dropped, places = frozenset({2}), ((6, 2),)
+    assert [dense_rank(w, dropped, places) for w in range(7)] == [0, 1, None, 3, 4, 5, 2]
+    # The state lines carry it, and a later epoch's view wins.
+    state = JobState.from_object(
+        {
+            "status": {
+                "epoch": 3,
+                "worldSize": 6,
+                "dropped": [2],
+                "places": [{"worker": 6, "place": 2}],
+            }
+        }
+    )
+    assert state.places == places
+    assert not in_world(2, state)
+    assert in_world(6, state)
+    assert newest(JobState(epoch=2, world_size=6), state).places == places
+
+
+@given(
+    spanned=st.integers(1, 12),
+    data=st.data(),
+)
+def test_ranks_with_places_are_the_members_in_place_order(
+    spanned: int, data: st.DataObject
+) -> None:
+    """Whatever `status.dropped` and `status.places` say (places may collide: a dropped worker
+    that rejoins while a spare holds its place), every member gets one rank of 0..n-1, in
+    the order of (place, number)."""
+    numbers = list(range(spanned))
+    dropped = frozenset(data.draw(st.sets(st.sampled_from(numbers))))
+    places = tuple(
+        sorted(
+            data.draw(st.dictionaries(st.sampled_from(numbers), st.sampled_from(numbers))).items()
+        )
+    )
+    at = dict(places)
+    members = sorted((w for w in numbers if w not in dropped), key=lambda w: (at.get(w, w), w))
+    assert [dense_rank(w, dropped, places) for w in members] == list(range(len(members)))
+    assert all(dense_rank(d, dropped, places) is None for d in dropped)
 
 
 def test_the_world_file_round_trips() -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import re
 from datetime import timedelta
 from typing import Any
 
@@ -37,7 +38,15 @@ from agent.protocol import (
     target_epoch,
 )
 from api.constants import ENV_RANK, ENV_WORLD_SIZE, REASON_SPARE_TOOK_OVER
-from api.v1alpha1 import GangJob, Phase, dump_gangjob, parse_gangjob
+from api.v1alpha1 import (
+    GangJob,
+    GangJobStatus,
+    Phase,
+    Place,
+    dump_gangjob,
+    dump_status,
+    parse_gangjob,
+)
 from controller.policy import classify
 from controller.policy.plan import Observed, Plan, plan
 from controller.policy.views import NodeView, PodView
@@ -180,14 +189,44 @@ class ElasticMachine(RuleBasedStateMachine):
                 and p.rank not in new.dropped
             )
             assert members == sorted(set(range(size)) - set(new.dropped)), members
-        took_over = any(e.reason == REASON_SPARE_TOOK_OVER for e in result.events)
-        if took_over and currently_in_test_context():
-            event("a spare took a worker's place")
+        swaps = [
+            (int(m[1]), int(m[2]))
+            for e in result.events
+            if e.reason == REASON_SPARE_TOOK_OVER
+            and (m := re.match(r"Spare (\d+) takes worker (\d+)'s place", e.message))
+        ]
+        if swaps:
+            self.check_swap_keeps_ranks(old, new, swaps)
+            if currently_in_test_context():
+                event("a spare took a worker's place")
         self.carry_out(result)
         again = plan(self.observe())
         assert again.create_pods == []
         assert again.status == self.job.status
         assert again.restart_started is None
+
+    @staticmethod
+    def check_swap_keeps_ranks(
+        old: GangJobStatus, new: GangJobStatus, swaps: list[tuple[int, int]]
+    ) -> None:
+        """A bump whose only change of the world is spares taking lost workers' places gives
+        each spare the rank its worker had, and moves no other worker's rank."""
+        detail = new.last_restart.trigger.detail if new.last_restart else None
+        if "resized" in (detail or ""):
+            return
+
+        def ranks(status: GangJobStatus) -> dict[int, int | None]:
+            state = JobState.from_object({"status": dump_status(status)})
+            spanned = (status.world_size or 0) + len(status.dropped)
+            return {w: dense_rank(w, state.dropped, state.places) for w in range(spanned)}
+
+        before, after = ranks(old), ranks(new)
+        taken = {worker for _, worker in swaps}
+        for spare, worker in swaps:
+            assert after[spare] == before[worker], (spare, worker, before, after)
+        for w, rank in before.items():
+            if rank is not None and w not in taken and w in after:
+                assert after[w] == rank, (w, before, after)
 
     @precondition(lambda self: not self.finished and self.resizes < 6)
     @rule(replicas=st.integers(1, MAX))
@@ -256,16 +295,22 @@ class ElasticMachine(RuleBasedStateMachine):
             if not in_world(pod.rank, state):
                 continue
             assert pod.rank not in state.dropped, "a spare's trainer started"
-            env = epoch_env(pod.arrived, dense_rank(pod.rank, state.dropped), state.world_size)
+            rank_given = dense_rank(pod.rank, state.dropped, state.places)
+            env = epoch_env(pod.arrived, rank_given, state.world_size)
             rank, world = int(env[ENV_RANK]), int(env[ENV_WORLD_SIZE])
             self.worlds.setdefault(pod.arrived, world)
             assert self.worlds[pod.arrived] == world, "two worlds in one epoch"
             assert 0 <= rank < world
-            # Dense: the workers of the epoch, in order, hold ranks 0..world-1.
-            dropped = self.job.status.dropped
-            members = sorted(set(range(world + len(dropped))) - set(dropped))
+            # Dense: the workers of the epoch, in the order of their places (a spare in the
+            # place of the worker it replaced), hold ranks 0..world-1.
+            status = self.job.status
+            places = {pl.worker: pl.place for pl in status.places}
+            members = sorted(
+                set(range(world + len(status.dropped))) - set(status.dropped),
+                key=lambda w: (places.get(w, w), w),
+            )
             assert len(members) == world
-            assert rank == members.index(pod.rank), (rank, pod.rank, dropped)
+            assert rank == members.index(pod.rank), (rank, pod.rank, status.dropped, places)
             holder = self.given.setdefault(pod.arrived, {}).setdefault(rank, pod.uid)
             assert holder == pod.uid, f"rank {rank} given twice at epoch {pod.arrived}"
             self.running[pod.uid] = pod.arrived
@@ -490,8 +535,9 @@ def test_a_spare_takes_a_lost_workers_place_in_place_and_the_new_pod_becomes_a_s
     status = m.job.status
     assert (status.epoch, status.barrier_epoch, status.world_size) == (1, 1, 5)
     first = m.given[0]
-    assert m.given[1][4] == spare  # ranks dense by number: 0, 1, 3, 4, 5
-    assert {m.given[1][r] for r in (0, 1, 3)} == {first[0], first[1], first[4]}
+    assert m.given[1][2] == spare  # worker 2's rank: the spare holds its place
+    assert status.places == [Place(worker=5, place=2)]
+    assert [m.given[1][r] for r in (0, 1, 4)] == [first[0], first[1], first[4]]  # kept
     assert m.pods["llama-2"].uid not in m.given[1].values()
     assert m.pods["llama-2"].node == "node-3"  # placed: the next spare
 
