@@ -109,6 +109,14 @@ def parser() -> argparse.ArgumentParser:
         help="a gang whose barrier waits this long for some worker is marked Stuck "
         "(BarrierStalled), naming who has not arrived (default 120)",
     )
+    p.add_argument(
+        "--recheck-seconds",
+        type=float,
+        default=30.0,
+        help="how often a stuck gang is looked at again with no event, and the worker "
+        "ServiceAccounts' RBAC reviewed again: a ClusterRole fixed by hand is seen within it "
+        "(default 30)",
+    )
     q = QuarantineConfig()
     p.add_argument(
         "--quarantine-nodes",
@@ -198,6 +206,7 @@ async def run(args: argparse.Namespace) -> int:
         else None,
         own_pod=own_pod,
         barrier_stall_seconds=args.barrier_stall_seconds,
+        recheck_seconds=args.recheck_seconds,
         quarantine=QuarantineConfig(
             threshold=args.quarantine_threshold,
             window_seconds=args.quarantine_window_seconds,

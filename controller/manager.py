@@ -131,6 +131,9 @@ class Settings:
     while this replica leads."""
     barrier_stall_seconds: float = 120.0
     """A barrier short of workers this long makes the gang `Stuck` (`PlanConfig`)."""
+    recheck_seconds: float = 30.0
+    """How often a stuck gang is planned again with no event, and how long a review of the
+    workers' RBAC is trusted (`PlanConfig`, `AccessReview`)."""
     quarantine: QuarantineConfig | None = None
     """`--quarantine-nodes` and its settings (controller.quarantine); None: off."""
 
@@ -178,10 +181,11 @@ class Manager:
                 agent_image=settings.agent_image,
                 arrival_url=settings.arrival_url,
                 barrier_stall_seconds=settings.barrier_stall_seconds,
+                recheck_seconds=settings.recheck_seconds,
             ),
             identity=settings.identity,
             arrivals=self.arrivals,
-            access=AccessReview(kube),
+            access=AccessReview(kube, ttl=settings.recheck_seconds),
             quarantine=self.quarantine,
         )
         self.authenticator = TokenAuthenticator(lambda body: kube.create(TOKENREVIEWS, body))
