@@ -79,11 +79,14 @@ demo: setup ## a PyTorch DDP gang survives a killed worker on a local real kubel
 demo-scale: setup ## 1000 workers on the sim cluster with agents: one killed, the gang restarts in place
 	$(BIN)/python -m localcluster.demoscale
 
+# The unit tier is pure CPU: one process per core. The cluster tiers share clusters and wait on
+# them, so they run one test at a time.
 test: lint ## lint and every test tier (unit, integration on sim, e2e on a real node)
-	$(BIN)/pytest tests
+	$(BIN)/pytest -n auto tests/unit
+	$(BIN)/pytest tests/integration tests/e2e
 
 test-unit: setup ## pure tests only (no cluster)
-	$(BIN)/pytest tests/unit
+	$(BIN)/pytest -n auto tests/unit
 
 test-integration: setup ## tests on the local `sim` cluster
 	$(BIN)/pytest tests/integration

@@ -12,6 +12,7 @@ on the sim cluster (tests/integration/test_straggler.py) and measured at N=1000
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -77,11 +78,23 @@ def slow_from(cluster: Cluster, ns: str, pod: str) -> float:
     return float(next(line for line in log.splitlines() if line.startswith("slow-from="))[10:])
 
 
-async def test_a_slow_worker_is_reported_and_by_default_the_gang_runs_on(
+async def test_a_slow_worker_is_reported_by_default_and_a_rule_acts_on_it(
     node_cluster: Cluster, node_kube: Kube, node_namespace: str, controller: ControllerProcess
 ) -> None:
+    """Two gangs side by side, each with its rank 1 slowing down at the same step: `slow`
+    (Pod mode, no rule) is only reported; `act` (Process mode, a `RestartGang` rule on class
+    `Straggler`) restarts and goes on. Side by side, because each waits out the same steps."""
     ns = node_namespace
+    rules = [{"action": "RestartGang", "onFailureClasses": ["Straggler"]}]
     await node_kube.create(GANGJOBS, gangjob("slow", "Pod"), ns)
+    await node_kube.create(GANGJOBS, gangjob("act", "Process", rules), ns)
+    await asyncio.gather(
+        _reported_and_the_gang_runs_on(node_cluster, node_kube, ns),
+        _the_rule_acts_and_the_job_goes_on(node_kube, ns),
+    )
+
+
+async def _reported_and_the_gang_runs_on(node_cluster: Cluster, node_kube: Kube, ns: str) -> None:
     job = await watch_job(
         node_kube, ns, "slow", lambda j: stragglers(j) == [1], timeout=SLOW_FROM + 120,
         what="worker 1 found straggling",
@@ -101,12 +114,7 @@ async def test_a_slow_worker_is_reported_and_by_default_the_gang_runs_on(
     assert job["status"]["restarts"]["total"] == 0
 
 
-async def test_a_rule_acts_on_the_straggler_and_the_job_goes_on(
-    node_kube: Kube, node_namespace: str, controller: ControllerProcess
-) -> None:
-    ns = node_namespace
-    rules = [{"action": "RestartGang", "onFailureClasses": ["Straggler"]}]
-    await node_kube.create(GANGJOBS, gangjob("act", "Process", rules), ns)
+async def _the_rule_acts_and_the_job_goes_on(node_kube: Kube, ns: str) -> None:
     job = await watch_job(
         node_kube, ns, "act",
         lambda j: (j.get("status") or {}).get("barrierEpoch") == 1
