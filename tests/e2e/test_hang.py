@@ -4,6 +4,7 @@ restarted; malformed progress lines are ignored and counted (docs/design.md sect
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime
 from typing import Any
 
@@ -65,15 +66,23 @@ def running_at(epoch: int) -> Any:
     return check
 
 
-@pytest.mark.parametrize("mode", ["Pod", "Process"])
 async def test_a_worker_that_stops_reporting_restarts_the_gang_in_place_as_a_hang(
-    node_kube: Kube, node_namespace: str, controller: ControllerProcess, mode: str
+    node_kube: Kube, node_namespace: str, controller: ControllerProcess
 ) -> None:
+    """One gang per restart mode, side by side (each waits out the same steps)."""
     ns = node_namespace
-    await node_kube.create(GANGJOBS, gangjob("hang", mode), ns)
-    job = await watch_job(node_kube, ns, "hang", running_at(0), timeout=120, what="running")
-    before = uids(await gang_pods(node_kube, ns, "hang"))
-    job = await watch_job(node_kube, ns, "hang", running_at(1), timeout=90, what="at epoch 1")
+    for name, mode in GANGS.items():
+        await node_kube.create(GANGJOBS, gangjob(name, mode), ns)
+    await asyncio.gather(*(_restarts_in_place_as_a_hang(node_kube, ns, name) for name in GANGS))
+
+
+GANGS = {"hang-pod": "Pod", "hang-process": "Process"}
+
+
+async def _restarts_in_place_as_a_hang(node_kube: Kube, ns: str, name: str) -> None:
+    job = await watch_job(node_kube, ns, name, running_at(0), timeout=120, what="running")
+    before = uids(await gang_pods(node_kube, ns, name))
+    job = await watch_job(node_kube, ns, name, running_at(1), timeout=90, what="at epoch 1")
     last = job["status"]["lastRestart"]
     assert last["trigger"]["class"] == "Hang", last
     assert last["trigger"]["worker"] == 1, last  # the hung one, not a rank that waited
@@ -85,13 +94,13 @@ async def test_a_worker_that_stops_reporting_restarts_the_gang_in_place_as_a_han
     assert HANG_SECONDS <= detected < HANG_SECONDS + 10, last
     # What it lost: the gang was at rank 1's step 5, its common checkpoint at step 3.
     assert (last["step"], last["checkpointStep"], last["lostSteps"]) == (5, 3, 2), last
-    assert uids(await gang_pods(node_kube, ns, "hang")) == before  # in place: the same pods
+    assert uids(await gang_pods(node_kube, ns, name)) == before  # in place: the same pods
     # Rank 2 never reported and rank 1 reports again: no more restarts. Rank 0's malformed line
     # of this epoch is counted once its summary comes in, and both ranks are counted once both
     # summaries are in (the epoch's first summary is written at once, whichever rank sent it;
     # the rest at most 30 s later).
     job = await watch_job(
-        node_kube, ns, "hang",
+        node_kube, ns, name,
         lambda j: (j["status"].get("progress") or {}).get("malformedLines", 0) >= 1
         and (j["status"].get("progress") or {}).get("reporting", 0) >= 2
         and j["status"]["epoch"] == 1,
