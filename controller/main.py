@@ -47,6 +47,17 @@ def address(value: str) -> tuple[str, int] | None:
     return (host or "0.0.0.0", int(port))
 
 
+def seconds(text: str) -> float:
+    """A duration in seconds: `15` or `15s` (kube-controller-manager's flags say `15s`)."""
+    try:
+        value = float(text.removesuffix("s"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration in seconds") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a duration must be positive")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gangjob-controller",
@@ -57,6 +68,27 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--leader-elect", action="store_true", help="hold a Lease while reconciling")
     p.add_argument("--leader-election-namespace", default="", help="namespace of the Lease")
     p.add_argument("--leader-election-id", default="gangjob-controller", help="name of the Lease")
+    p.add_argument(
+        "--leader-elect-lease-duration",
+        type=seconds,
+        default=15.0,
+        help="how long a standby waits after the leader's last renewal before taking the "
+        "Lease, as kube-controller-manager's flag: a failover takes about this long "
+        "(default 15s)",
+    )
+    p.add_argument(
+        "--leader-elect-renew-deadline",
+        type=seconds,
+        default=10.0,
+        help="how long the leader keeps trying to renew before it stops leading; below the "
+        "lease duration (default 10s)",
+    )
+    p.add_argument(
+        "--leader-elect-retry-period",
+        type=seconds,
+        default=2.0,
+        help="between two tries at renewing or taking the Lease (default 2s)",
+    )
     p.add_argument("--metrics-bind-address", type=address, default=("0.0.0.0", 8080))
     p.add_argument("--health-probe-bind-address", type=address, default=("0.0.0.0", 8081))
     p.add_argument(
@@ -191,6 +223,11 @@ async def run(args: argparse.Namespace) -> int:
         leader_elect=args.leader_elect,
         leader_election_namespace=election_namespace,
         leader_election_id=args.leader_election_id,
+        leader_election_timing=(
+            args.leader_elect_lease_duration,
+            args.leader_elect_renew_deadline,
+            args.leader_elect_retry_period,
+        ),
         metrics_address=args.metrics_bind_address,
         health_address=args.health_probe_bind_address,
         workers=args.workers,
@@ -250,6 +287,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.arrival_tls_cert_file and not args.arrival_url.startswith("https://"):
         print(
             "gangjob-controller: --arrival-tls-cert-file needs an https:// --arrival-url",
+            file=sys.stderr,
+        )
+        return 2
+    lease, renew, retry = (
+        args.leader_elect_lease_duration,
+        args.leader_elect_renew_deadline,
+        args.leader_elect_retry_period,
+    )
+    if not lease > renew > 1.2 * retry:
+        print(
+            "gangjob-controller: --leader-elect-lease-duration must be greater than "
+            "--leader-elect-renew-deadline, and that greater than 1.2 x "
+            "--leader-elect-retry-period",
             file=sys.stderr,
         )
         return 2

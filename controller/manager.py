@@ -109,6 +109,8 @@ class Settings:
     leader_elect: bool = False
     leader_election_namespace: str = "default"
     leader_election_id: str = "gangjob-controller"
+    leader_election_timing: tuple[float, float, float] = (15.0, 10.0, 2.0)
+    """(lease duration, renew deadline, retry period), seconds (`LeaderElectionConfig`)."""
     metrics_address: tuple[str, int] | None = ("0.0.0.0", 8080)
     health_address: tuple[str, int] | None = ("0.0.0.0", 8081)
     workers: int = 4
@@ -496,6 +498,9 @@ class Manager:
                     name=self.settings.leader_election_id,
                     namespace=self.settings.leader_election_namespace,
                     identity=self.settings.identity,
+                    lease_duration=self.settings.leader_election_timing[0],
+                    renew_deadline=self.settings.leader_election_timing[1],
+                    retry_period=self.settings.leader_election_timing[2],
                 )
                 self.elector = LeaderElector(self.kube, cfg)
 

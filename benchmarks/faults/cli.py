@@ -32,6 +32,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--cluster", default="faults", help="local sim cluster (started if down)")
     p.add_argument(
+        "--lease-duration",
+        type=float,
+        default=15.0,
+        help="the controllers' Lease duration in seconds: what a failover waits for "
+        "(default %(default)s, the controller's own)",
+    )
+    p.add_argument(
         "--restart-delay",
         type=float,
         default=0.5,
@@ -65,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster=a.cluster,
         shapes=SHORT_SHAPES if a.short else FULL_SHAPES,
         restart_delay=a.restart_delay,
+        lease_duration=a.lease_duration,
         logs=a.logs,
         keep=a.keep,
         kinds=kinds or None,
@@ -79,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             f"--seed={a.seed}",
             f"--faults={a.faults}",
             *(["--short"] if a.short else []),
+            *([f"--lease-duration={a.lease_duration:g}"] if a.lease_duration != 15.0 else []),
             *([f"--kinds={a.kinds}"] if kinds else []),
         ]
     )

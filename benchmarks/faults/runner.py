@@ -58,6 +58,9 @@ class Settings:
     """A slowed device to its worker named, at most: the agent's shift (3 polls, and not
     sooner than 10 s after its previous summary), forSeconds, the controller's pass and its
     write (5 s apart at most), and the observer's watch."""
+    lease_duration: float = 15.0
+    """The controllers' `--leader-elect-lease-duration` (the renew deadline is 2/3 of it, the
+    retry period at most 2 s): what a failover waits for."""
     logs: Path | None = None
     kinds: list[str] | None = None
     """Only these fault kinds (default: all)."""
@@ -145,6 +148,7 @@ async def run(settings: Settings) -> Result:
             nodes,
             settings.restart_delay,
             logs,
+            settings.lease_duration,
         )
         print(f"namespace {w.ns}; controller logs in {logs}", file=sys.stderr, flush=True)
         try:

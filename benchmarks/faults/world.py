@@ -299,6 +299,7 @@ async def open_world(
     nodes: int,
     restart_delay: float,
     logs: Path,
+    lease_duration: float = 15.0,
 ) -> World:
     """Everything up, the gangs created (not yet waited for)."""
     install_crd(cluster)
@@ -319,6 +320,9 @@ async def open_world(
                 "--leader-elect",
                 f"--leader-election-namespace={SYSTEM_NS}",
                 f"--leader-election-id={lease_id(ns)}",
+                f"--leader-elect-lease-duration={lease_duration:g}s",
+                f"--leader-elect-renew-deadline={lease_duration * 2 / 3:g}s",
+                f"--leader-elect-retry-period={min(2.0, lease_duration / 6):g}s",
                 "--log-level=info",
             ],
             logs / f"controller-{i}.log",
