@@ -180,7 +180,11 @@ def node_lost(node_name: str, node: NodeView | None) -> str | None:
     for taint in _NODE_LOST_TAINTS:
         if node.has_taint(taint):
             return f"node {node_name} has taint {taint}"
-    if node.ready != "True":
+    # A node with no Ready condition yet is not lost: it just registered, or the cache's copy
+    # predates its kubelet's first status (a pod the scheduler bound to it says it is Ready
+    # by now). If its kubelet never reports, the node lifecycle controller sets Ready
+    # Unknown after its grace period, and that is a loss.
+    if node.ready not in ("True", "Unreported"):
         return f"node {node_name} is not Ready ({node.ready})"
     return None
 

@@ -24,7 +24,7 @@ from api.constants import (
 )
 
 ContainerStateName = Literal["running", "waiting", "terminated"]
-NodeReady = Literal["True", "False", "Unknown"]
+NodeReady = Literal["True", "False", "Unknown", "Unreported"]
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:
@@ -436,6 +436,8 @@ def _node_ready(status: str | None) -> NodeReady:
         return "True"
     if status == "False":
         return "False"
+    if status is None:
+        return "Unreported"
     return "Unknown"
 
 
@@ -445,7 +447,8 @@ class NodeView:
 
     name: str
     ready: NodeReady
-    """Status of the `Ready` condition; `Unknown` when the node reports none."""
+    """Status of the `Ready` condition; `Unreported` when the node has none yet (just
+    registered, or the cache's copy is the one from before its kubelet's first status)."""
     taints: tuple[tuple[str, str], ...]
     """(key, effect) of each taint."""
     conditions: Mapping[str, str]

@@ -531,3 +531,18 @@ def test_retriable_exit_codes_are_exactly_the_restart_gang_codes(
     rule = podspec.trainer_restart_rule(job)
     assert rule is not None
     assert rule["exitCodes"] == {"operator": operator.value, "values": values}
+
+
+def test_a_node_with_no_ready_condition_yet_is_not_lost() -> None:
+    """A node just registered (or the cache's copy from before its kubelet's first status):
+    the scheduler bound a pod to it, so it is Ready by now; a failure it does not show. Its
+    loss comes once the node lifecycle controller marks it Unknown, or with a taint."""
+    bare = make_node()
+    bare["status"]["conditions"] = []
+    obj = pod()
+    assert detect(obj, bare) is None
+    assert NodeView.from_node(bare).ready == "Unreported"
+    bare["spec"]["taints"] = [{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}]
+    failure = detect(obj, bare)
+    assert failure is not None
+    assert failure.failure_class is FailureClass.NODE_LOST
