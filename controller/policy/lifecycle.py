@@ -26,7 +26,7 @@ from api.constants import (
 from api.v1alpha1 import CleanPodPolicy, ConditionStatus, Phase, RestartMode, RoleState
 from controller.policy import classify, kueue, podspec, stuck
 from controller.policy.conditions import get_condition, is_true
-from controller.policy.gang import POD_RUNNING, POD_TERMINAL, surplus
+from controller.policy.gang import POD_RUNNING, POD_TERMINAL, epoch_workers, surplus
 from controller.policy.passstate import (
     EventSpec,
     Pass,
@@ -281,6 +281,16 @@ def lost_nodes(p: Pass) -> list[str]:
     return lost[:LOST_NODES_KEPT_OFF]
 
 
+def _out_of_world(p: Pass) -> frozenset[int]:
+    """The workers of an elastic gang outside the world of `status.epoch`: `status.dropped`,
+    and the numbers past it (a grow's new workers, until its bump)."""
+    if p.job.spec.elastic is None:
+        return frozenset()
+    spanned = epoch_workers(p.status)
+    beyond = range(spanned, len(p.job.spec.workers)) if spanned is not None else range(0)
+    return p.dropped() | frozenset(beyond)
+
+
 def finish_pod(
     pod: dict[str, Any], mode: RestartMode, avoid_nodes: Sequence[str]
 ) -> dict[str, Any]:
@@ -305,17 +315,23 @@ def finish_pod(
 
 def running(p: Pass) -> bool:
     """Restarting until the barrier of a restart opens; then Pending until every worker of the
-    roles not complete (waiting ones included) is Running and Ready, then Running."""
+    roles not complete (waiting ones included) is Running and Ready, then Running. An elastic
+    gang's workers out of the world (spares, workers waiting for room, a grow's workers
+    starting behind the open barrier) are not waited for: the gang trains without them."""
+    out = _out_of_world(p)
     expected = [
         w.worker
         for w in p.job.spec.workers
         if p.roles.get(w.role.name, _WAITING).state is not RoleState.COMPLETE
+        and w.worker not in out
     ]
     replicas = len(expected)
     # Counted as they will be once this plan is carried out, as `workers_status` does.
     live = p.staying()
     ready = sum(live[w].phase == POD_RUNNING and live[w].ready for w in expected if w in live)
     message = f"{ready}/{replicas} workers ready"
+    if out:
+        message += f" ({len(out)} more out of the world: spares, waiting for room or joining)"
     restarting = p.status.last_restart is not None and p.status.last_restart.epoch == p.status.epoch
     if restarting and p.status.barrier_epoch != p.status.epoch:
         p.status.phase = Phase.RESTARTING

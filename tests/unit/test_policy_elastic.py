@@ -92,7 +92,15 @@ def test_grow_creates_the_next_numbers_behind_the_open_barrier_then_bumps_once()
     replan(observed, result)
     # One new agent arrived (holding outside the world), the other not yet: still no bump.
     pods += [worker(3, 0), worker(4, None)]
-    assert plan(gang(5, running_status(0, world_size=3), pods=pods, **ELASTIC)).status.epoch == 0
+    result = plan(gang(5, running_status(0, world_size=3), pods=pods, **ELASTIC))
+    assert result.status.epoch == 0
+    # The gang trains: Running, its world ready; the joiners are said, not waited for.
+    assert result.status.phase == "Running"
+    ready = next(c for c in result.status.conditions if c.type == "Ready")
+    assert (ready.status, ready.message) == (
+        "True",
+        "3/3 workers ready (2 more out of the world: spares, waiting for room or joining)",
+    )
     # Both arrived: one bump takes them in, and every worker restarts in place.
     pods[4] = worker(4, 0)
     observed = gang(5, running_status(0, world_size=3), pods=pods, **ELASTIC)
