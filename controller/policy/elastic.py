@@ -242,7 +242,11 @@ def resize(p: Pass) -> bool:
     spanned = epoch_workers(p.status)
     assert spanned is not None
     if target > old and workers > spanned and _joiners_pending(p, spanned):
-        return False  # a grow: its new pods start while the gang trains on
+        ready = _ready_spares(p, out)
+        if len(ready) < target - old:
+            return False  # a grow: its new pods start while the gang trains on
+        # Ready spares fill the grow at once, in place; the new pods are the next spares.
+        out = (out | set(range(spanned, workers))) - set(ready[: target - old])
     reasons: list[str] = []
     if workers - len(out) != old:
         reasons.append(WHY_REPLICAS)

@@ -368,6 +368,28 @@ def test_a_placed_arrived_spare_takes_a_lost_workers_place_in_the_same_bump() ->
     assert [p["metadata"]["name"] for p in opened.create_pods] == ["llama-2"]
 
 
+def test_a_grow_takes_a_ready_spare_at_once_and_the_new_pod_becomes_a_spare() -> None:
+    # 4 workers and ready spare 4; replicas 4 -> 5: the spare joins in this pass's bump, in
+    # place, and worker 5 (the new number) is out of the world: the next spare.
+    pods = [worker(r, 0) for r in range(5)]
+    status = running_status(0, world_size=4, dropped=[4]).model_copy(
+        update={"mode": RestartMode.PROCESS}
+    )
+    result = plan(gang(5, status, pods=pods, **SPARES))
+    assert (result.status.epoch, result.status.world_size) == (1, 5)
+    assert result.status.dropped == [5]
+    assert record(result).trigger.detail == "resized 4 -> 5 (replicas changed)"
+    # The new pod is made in the background, once the barrier of the bump opened.
+    assert result.create_pods == []
+    opened = plan(gang(5, result.status, pods=[worker(r, 1) for r in range(5)], **SPARES))
+    assert opened.status.barrier_epoch == 1
+    assert [p["metadata"]["name"] for p in opened.create_pods] == ["llama-5"]
+    # Without a ready spare the grow waits behind the open barrier for its new pod, as before.
+    pods[4] = worker(4, None)
+    waiting = plan(gang(5, status, pods=pods, **SPARES))
+    assert (waiting.status.epoch, waiting.status.world_size) == (0, 4)
+
+
 def test_a_spare_not_arrived_is_not_swapped_in() -> None:
     pods = [worker(r, 0, node="node-1" if r == 2 else "node-0") for r in range(4)]
     pods.append(worker(4, None))  # placed, its agent not arrived yet
