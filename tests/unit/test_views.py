@@ -372,7 +372,7 @@ def test_node_view_parses_every_field() -> None:
         ([{"type": "Ready", "status": "False"}], "False"),
         ([{"type": "Ready", "status": "Unknown"}], "Unknown"),
         ([{"type": "Ready", "status": "Maybe"}], "Unknown"),
-        ([], "Unknown"),
+        ([], "Unreported"),  # none yet: just registered
     ],
 )
 def test_node_ready(conditions: list[dict[str, str]], ready: str) -> None:
