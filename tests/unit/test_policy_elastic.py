@@ -432,9 +432,12 @@ def test_the_pod_group_counts_the_spares() -> None:
     assert scheduling.gang_size(job) == 3
 
 
-def test_spares_need_process_mode() -> None:
-    with pytest.raises(ValueError, match=r"elastic\.spares requires spec\.restart\.mode Process"):
-        make_job(4, elastic=SPARES["elastic"])
+def test_spares_need_a_mode_that_keeps_the_pods() -> None:
+    with pytest.raises(
+        ValueError, match=r"elastic\.spares requires .* not spec\.restart\.mode Recreate"
+    ):
+        make_job(4, elastic=SPARES["elastic"], restart={"mode": "Recreate"})
+    assert make_job(4, elastic=SPARES["elastic"], restart={"mode": "Pod"}).spec.elastic
 
 
 def test_the_coordinator_is_never_a_spare_from_the_start() -> None:
