@@ -18,6 +18,7 @@ from api.failures import FailureClass
 from api.v1alpha1 import (
     FailureAction,
     GangJobStatus,
+    Phase,
     RestartMode,
     RestartRecord,
     RestartTrigger,
@@ -444,3 +445,15 @@ def test_the_coordinator_is_never_a_spare_from_the_start() -> None:
     spec = {**SPARES, "coordinator": {"role": "worker", "index": 4}}
     result = plan(gang(4, GangJobStatus(), pods=[], **spec))
     assert (result.status.world_size, result.status.dropped) == (4, [3])
+
+
+def test_the_world_succeeding_is_the_jobs_success_without_its_spare() -> None:
+    """A spare runs nothing: it cannot succeed, and it does not keep the job from it."""
+    pods = [crashed(worker(w, 0), 0) for w in range(4)] + [worker(4, 0)]
+    status = running_status(0, world_size=4, dropped=[4])
+    result = plan(gang(4, status, pods, **SPARES))
+    assert result.status.phase is Phase.SUCCEEDED
+    assert "All 4 workers succeeded" in [e.message for e in result.events]
+    # One of the world still running: not yet.
+    pods[3] = worker(3, 0)
+    assert plan(gang(4, status, pods, **SPARES)).status.phase is Phase.RUNNING
