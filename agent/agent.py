@@ -38,6 +38,7 @@ from agent.protocol import (
     dense_rank,
     epoch_env,
     in_world,
+    outside_world_env,
     rendezvous_id,
     target_epoch,
     world_file_text,
@@ -85,6 +86,10 @@ class AgentState:
     epoch: int | None = None
     """The epoch the agent targets (arrived at, or arriving at)."""
     barrier_open: bool = False
+    """The barrier of `epoch` is open and this worker runs at it."""
+    probe_open: bool = False
+    """What `Pod` mode's startup probe answers: the barrier is open, or the worker is outside
+    the world of its open barrier and its launcher holds the trainer (`_outside_world`)."""
     trainer_pid: int | None = None
     trainer_runs: int = 0
     last_exit: tuple[int, int] | None = None
@@ -250,7 +255,7 @@ class Agent:
                 self._probe = ProbeServer(
                     self.config.probe_host,
                     self.config.probe_port,
-                    lambda: self._state.barrier_open,
+                    lambda: self._state.probe_open,
                 )
                 await self._probe.start()
             self._probe_ready.set()
@@ -276,7 +281,7 @@ class Agent:
                 await self._trainer.stop(self.config.kill_grace_seconds)
             if self._probe is not None:
                 await self._probe.close()
-        self._set(step=Step.DONE, exit_code=code, barrier_open=False)
+        self._set(step=Step.DONE, exit_code=code, barrier_open=False, probe_open=False)
         return code
 
     async def _stopped(self) -> int:
@@ -296,8 +301,9 @@ class Agent:
         target = await self._initial_target()
         await self._arrive(target)
         state = await self._wait_barrier(target)
-        if barrier(state, target) is Barrier.OPEN and not self._in_world(state):
-            state = await self._outside_world(target)
+        outside = barrier(state, target) is Barrier.OPEN and not self._in_world(state)
+        if outside:
+            state = await self._outside_world(target, state)
         if barrier(state, target) is Barrier.MOVED:
             self._save_state(target, state.epoch)
             self.log.info(
@@ -307,9 +313,10 @@ class Agent:
                 RESTART_EXIT_CODE,
             )
             return RESTART_EXIT_CODE
-        if self.progress is not None:
-            self.progress.start(target, None)
-        state = await self._until_moved_or_finished(target)
+        if not outside:
+            if self.progress is not None:
+                self.progress.start(target, None)
+            state = await self._until_moved_or_finished(target)
         if state.epoch <= target:
             if self.progress is not None:
                 await self.progress.stop()
@@ -323,7 +330,7 @@ class Agent:
             state = await self._wait_job(lambda s: s.epoch > target)
         if self.progress is not None:
             await self.progress.stop()  # a stack collection under way ends first
-        self._set(barrier_open=False, step=Step.STOPPING)
+        self._set(barrier_open=False, probe_open=False, step=Step.STOPPING)
         self._save_state(target, state.epoch)
         self.log.info(
             "gang moved to epoch %d: exiting %d to restart the pod",
@@ -385,7 +392,7 @@ class Agent:
                 target = state.epoch
                 continue
             if not self._in_world(state):
-                state = await self._outside_world(target)
+                state = await self._outside_world(target, state)
                 if state.finished:
                     return 0
                 target = state.epoch
@@ -431,16 +438,28 @@ class Agent:
     def _in_world(self, state: JobState) -> bool:
         return in_world(self.config.rank, state)
 
-    async def _outside_world(self, target: int) -> JobState:
-        """A worker outside the world of `target` at its barrier: a spare (`elastic.spares`),
-        or a surplus worker of an elastic resize whose pod is being deleted. It must run
-        nothing at `target`, whose world has no place for it. Waits, its trainer held, until
-        the gang moves on (a spare may then be a member) or finishes."""
-        self._set(barrier_open=False, step=Step.WAITING_FOR_EPOCH)
+    async def _outside_world(self, target: int, state: JobState) -> JobState:
+        """A worker outside the world of `target` at its open barrier: a spare
+        (`elastic.spares`), or a surplus worker of an elastic resize whose pod is being deleted.
+        It must run nothing at `target`, whose world has no place for it. Waits, its trainer
+        held, until the gang moves on (a spare may then be a member: in `Pod` mode its pod
+        restarts in place with the others) or finishes.
+
+        `Pod` mode with the trainer run by `agent.pyz launch` (an elastic gang's always is):
+        the `world` file says the worker is outside (`outside_world_env`), and the startup probe
+        opens: the kubelet starts the launcher, which reads the file and starts nothing. A probe
+        kept shut would fail past its `failureThreshold` (`barrierTimeoutSeconds + 60`) and the
+        kubelet would restart the sidecar, in a loop, for as long as the spare idles."""
+        held = self.mode is AgentPlacement.SIDECAR and self.config.launched
+        if held:
+            self._write_world_file(target, state)
+            self._write_epoch_file(target)
+        self._set(barrier_open=False, probe_open=held, step=Step.WAITING_FOR_EPOCH)
         self.log.info(
-            "worker %s is outside the world of epoch %d (a spare): holding the trainer",
+            "worker %s is outside the world of epoch %d (a spare): holding the trainer%s",
             self.config.rank,
             target,
+            " (its launcher waits)" if held else "",
         )
         return await self._wait_job(lambda s: s.epoch > target or s.finished)
 
@@ -531,7 +550,7 @@ class Agent:
         return state.epoch
 
     async def _arrive(self, target: int) -> None:
-        self._set(step=Step.ARRIVING, epoch=target, barrier_open=False)
+        self._set(step=Step.ARRIVING, epoch=target, barrier_open=False, probe_open=False)
         if self.progress is not None:
             self.progress.prepare()
         # Saved before the report: a crash right after it must not make the restarted agent
@@ -587,17 +606,22 @@ class Agent:
             self._write_epoch_file(target)
             # Process mode is RUNNING once its trainer is.
             step = Step.RUNNING if self.mode is AgentPlacement.SIDECAR else Step.AT_BARRIER
-            self._set(step=step, barrier_open=True)
+            self._set(step=step, barrier_open=True, probe_open=True)
             self.log.info("barrier open at %d after %.2fs", target, time.monotonic() - started)
         return state
 
     def _write_world_file(self, epoch: int, state: JobState) -> None:
-        rank = dense_rank(self.config.rank, state.dropped, state.places)
-        if state.world_size is None or rank is None:
+        """An elastic gang's `world` file for `epoch`: the worker's `RANK` and `WORLD_SIZE`
+        there, or, outside its world, the epoch alone (`outside_world_env`)."""
+        if state.world_size is None or self.config.rank is None:
             return
+        if self._in_world(state):
+            rank = dense_rank(self.config.rank, state.dropped, state.places)
+            env = epoch_env(epoch, rank, state.world_size)
+        else:
+            env = outside_world_env(epoch)
         try:
-            text = world_file_text(epoch_env(epoch, rank, state.world_size))
-            self._replace_file(WORLD_FILE, text)
+            self._replace_file(WORLD_FILE, world_file_text(env))
         except OSError as e:
             self.log.error("cannot write %s: %s", self.config.dir / WORLD_FILE, e)
 

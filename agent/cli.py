@@ -25,9 +25,9 @@ from pathlib import Path
 from agent.agent import Agent
 from agent.apiclient import HttpClient
 from agent.config import Config, ConfigError
-from agent.launch import launch
+from agent.launch import hold, launch
 from agent.monitor import trainer_env
-from agent.protocol import read_world_file, rendezvous_id
+from agent.protocol import outside_world, read_world_file, rendezvous_id
 from agent.trainer import become_subreaper
 from api.constants import (
     DEFAULT_AGENT_PORT,
@@ -108,25 +108,64 @@ def launch_env(env: Mapping[str, str]) -> dict[str, str]:
     """The trainer's environment for `launch`: `env` with the epoch of `$GANGJOB_DIR/epoch`, its
     rendezvous id and the progress contract (`GANGJOB_PROGRESS`, the helper on `PYTHONPATH`).
     Raises ValueError naming what is missing."""
+    job = _job_name(env)
+    directory = launch_dir(env)
+    return _trainer_env(env, job, directory, *_epoch_and_world(directory))
+
+
+def _job_name(env: Mapping[str, str]) -> str:
     job = env.get(ENV_GANGJOB_NAME, "").strip()
     if not job:
         raise ValueError(f"{ENV_GANGJOB_NAME} is not set")
-    directory = Path(env.get(ENV_DIR, "").strip() or DEFAULT_DIR)
+    return job
+
+
+def _trainer_env(
+    env: Mapping[str, str], job: str, directory: Path, epoch: int, world: dict[str, str]
+) -> dict[str, str]:
+    # The sidecar prepared the progress directory and the helper when it arrived.
+    trainer = trainer_env(directory, env)
+    if world.get(ENV_EPOCH) != str(epoch):
+        world = {}  # another epoch's, or none: the pod's environment stands
+    return {**trainer, **world, ENV_EPOCH: str(epoch), ENV_PET_RDZV_ID: rendezvous_id(job, epoch)}
+
+
+def launch_dir(env: Mapping[str, str]) -> Path:
+    return Path(env.get(ENV_DIR, "").strip() or DEFAULT_DIR)
+
+
+def _epoch_and_world(directory: Path) -> tuple[int, dict[str, str]]:
+    """The epoch of `$GANGJOB_DIR/epoch` and the lines of `$GANGJOB_DIR/world`, which an
+    elastic gang's sidecar writes before the epoch (ValueError without an epoch)."""
     path = directory / EPOCH_FILE
     try:
         epoch = int(path.read_text().strip())
     except (OSError, ValueError) as e:
         raise ValueError(f"cannot read the epoch from {path}: {e}") from e
-    # The sidecar prepared the progress directory and the helper when it arrived.
-    env = trainer_env(directory, env)
-    # An elastic gang's sidecar wrote the epoch's RANK and WORLD_SIZE before the epoch.
     try:
         world = read_world_file((directory / WORLD_FILE).read_text())
     except OSError:
         world = {}
-    if world.get(ENV_EPOCH) != str(epoch):
-        world = {}  # another epoch's, or none: the pod's environment stands
-    return {**env, **world, ENV_EPOCH: str(epoch), ENV_PET_RDZV_ID: rendezvous_id(job, epoch)}
+    return epoch, world
+
+
+def run_launch(command: Sequence[str], env: Mapping[str, str]) -> int:
+    """`launch`: runs `command` at the epoch the sidecar opened; outside that epoch's world
+    (a spare), holds instead, and launches at a later epoch only if one comes without the
+    pod restarting (`launch.hold`)."""
+    directory = launch_dir(env)
+    while True:
+        try:
+            job = _job_name(env)
+            epoch, world = _epoch_and_world(directory)
+            trainer = _trainer_env(env, job, directory, epoch, world)
+        except ValueError as e:
+            print(f"agent: error: launch: {e}", file=sys.stderr)
+            return USAGE_EXIT_CODE
+        if not outside_world(world, epoch):
+            return launch(command, trainer, directory, epoch)
+        if hold(directory, epoch):
+            return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -138,13 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"agent: error: {args.mode} needs the trainer's command after --", file=sys.stderr)
         return USAGE_EXIT_CODE
     if args.mode == "launch":
-        try:
-            env = launch_env(os.environ)
-        except ValueError as e:
-            print(f"agent: error: launch: {e}", file=sys.stderr)
-            return USAGE_EXIT_CODE
-        directory = Path(env.get(ENV_DIR, "").strip() or DEFAULT_DIR)
-        return launch(command, env, directory, int(env[ENV_EPOCH]))
+        return run_launch(command, os.environ)
     logging.basicConfig(level=logging.INFO, format="agent: %(message)s", stream=sys.stderr)
     try:
         config = Config.from_env()

@@ -1,6 +1,7 @@
 """`Pod` mode's probe endpoint: `GET /barrier` answers 200 once the barrier of the agent's epoch
-is open, else 503 — the kubelet's startup probe, which holds the trainer container back until
-then; `GET /healthz` answers 200 while the agent runs."""
+is open (or, for a worker outside that epoch's world, once its launcher may start and hold),
+else 503 — the kubelet's startup probe, which holds the trainer container back until then;
+`GET /healthz` answers 200 while the agent runs."""
 
 from __future__ import annotations
 
@@ -19,10 +20,10 @@ _READ_TIMEOUT = 5.0
 class ProbeServer:
     """Serves the probe paths on `host:port` (port 0 picks a free one, see `port`)."""
 
-    def __init__(self, host: str, port: int, barrier_open: Callable[[], bool]) -> None:
+    def __init__(self, host: str, port: int, is_open: Callable[[], bool]) -> None:
         self._host = host
         self._requested_port = port
-        self._barrier_open = barrier_open
+        self._is_open = is_open
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
@@ -51,7 +52,7 @@ class ProbeServer:
         if path == HEALTHZ_PATH:
             return 200, "ok\n"
         if path == BARRIER_PATH:
-            return (200, "open\n") if self._barrier_open() else (503, "waiting\n")
+            return (200, "open\n") if self._is_open() else (503, "waiting\n")
         return 404, "not found\n"
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -149,6 +149,20 @@ def epoch_env(epoch: int, rank: int | None, world_size: int | None) -> dict[str,
     return env
 
 
+def outside_world_env(epoch: int) -> dict[str, str]:
+    """What the `world` file of a worker outside the world of `epoch` says (a spare, or a
+    surplus worker whose pod is about to be deleted): the epoch, and no `RANK`. Its launcher,
+    reading it, starts no trainer (`outside_world`)."""
+    return epoch_env(epoch, None, None)
+
+
+def outside_world(world: dict[str, str], epoch: int) -> bool:
+    """Whether the `world` file read for `epoch` puts its worker outside that epoch's world:
+    written for this very epoch, with no `RANK` (`outside_world_env`). Another epoch's file,
+    or none (a gang that is not elastic), says nothing of it."""
+    return world.get(ENV_EPOCH) == str(epoch) and ENV_RANK not in world
+
+
 def world_file_text(env: dict[str, str]) -> str:
     """`$GANGJOB_DIR/world`: `NAME=value` lines, for a shell's `.` and for `read_world_file`."""
     return "".join(f"{name}={value}\n" for name, value in sorted(env.items()))

@@ -279,7 +279,9 @@ pod's environment is fixed when the pod is created, so after a resize a kept pod
 
 The values are `GANGJOB_EPOCH`, `RANK`, `WORLD_SIZE`, `PET_NODE_RANK` and `PET_NNODES`.
 `$GANGJOB_DIR/world` holds them as `NAME=value` lines (a shell can `.` it); the agent writes it
-when the barrier opens, before `$GANGJOB_DIR/epoch`, and the launcher reads it.
+when the barrier opens, before `$GANGJOB_DIR/epoch`, and the launcher reads it. A worker outside
+the epoch's world (a spare, below, or a surplus worker whose pod is being deleted) gets a file
+with `GANGJOB_EPOCH` alone, no `RANK`: its launcher starts nothing and holds the container.
 
 So an elastic job needs its trainer's `command` (refused at admission without it, as for
 `Process` mode and `nprocPerNode`). `MASTER_ADDR` stays rank 0's pod, which a resize never
@@ -298,21 +300,24 @@ placed, it rejoins at a new epoch, `resized 7 -> 8 (capacity returned)`, at most
 the restart that recreates it, `resized 8 -> 7 (worker lost, no spare)`, and takes it back once
 its new pod is placed.
 
-**Spares.** With `elastic.spares: S` (restart mode `Process` only: refused at admission
-otherwise, `elastic.spares requires spec.restart.mode Process`), the gang has `replicas + S`
-pods, `<job>-0` .. `<job>-<replicas+S-1>`, scheduled together; `S` of them, at first the
-highest numbers, are spares: listed in `status.dropped`, never counted in `WORLD_SIZE`, their
-agent up and arrived at every epoch but their trainer not started. When a restart recreates a
-worker of the world (its node lost, its device gone, a `RecreateWorker` rule), a spare whose
-pod runs on a healthy node and whose agent arrived takes its place in that same restart: the
-detail says `spare 9 takes worker 3's place`, with a `SpareTookOver` Event. No pod is
-scheduled or started on the restart's critical path: node loss costs about an in-place
-restart. The recreated worker's new pod is created in the background, out of the world, and is
-the next spare once placed; a spare whose own node is lost is replaced the same way, with no
-restart. The spare runs with the lost worker's `RANK` (`status.places` lists it, `{worker: 9,
-place: 3}`), and every other worker keeps its own: only the spare has a shard to load. The
-coordinator (`MASTER_ADDR`, worker 0) is never replaced by a spare:
-every pod's `MASTER_ADDR` names its pod, so its loss waits for its new pod as without spares.
+**Spares.** With `elastic.spares: S` (restart mode `Pod` or `Process`; `Recreate`, which keeps
+no pod, is refused at admission: `elastic.spares requires a restart mode that keeps the pods`),
+the gang has `replicas + S` pods, `<job>-0` .. `<job>-<replicas+S-1>`, scheduled together; `S`
+of them, at first the highest numbers, are spares: listed in `status.dropped`, never counted in
+`WORLD_SIZE`, their agent up and arrived at every epoch but their trainer not started (in `Pod`
+mode the trainer's container runs, its launcher holding, so that the sidecar's startup probe
+passes however long the spare idles). When a restart recreates a worker of the world (its node
+lost, its device gone, a `RecreateWorker` rule), a spare whose pod runs on a healthy node and
+whose agent arrived takes its place in that same restart: the detail says `spare 9 takes
+worker 3's place`, with a `SpareTookOver` Event. No pod is scheduled or started on the
+restart's critical path (in `Pod` mode the spare's pod restarts in place with every other):
+node loss costs about an in-place restart. The recreated worker's new pod is created in the
+background, out of the world, and is the next spare once placed; a spare whose own node is lost
+is replaced the same way, with no restart. The spare runs with the lost worker's `RANK`
+(`status.places` lists it, `{worker: 9, place: 3}`), and every other worker keeps its own: only
+the spare has a shard to load. The coordinator (`MASTER_ADDR`,
+worker 0) is never replaced by a spare: every pod's `MASTER_ADDR` names its pod, so its loss
+waits for its new pod as without spares.
 
 A job queued by Kueue (label `kueue.x-k8s.io/queue-name`) keeps the size Kueue admitted: the
 admission policy of `manifests/policy` (`gangjob-queued-size`) refuses a new `replicas` for it;

@@ -48,6 +48,7 @@ from api.constants import (
     NODE_CONDITION_TYPES,
     NPROC_AUTO,
     POD_CONDITION_TYPES,
+    RESTART_MODES,
     STRAGGLERS_LIMIT,
 )
 from api.constants import FailureAction as FailureAction  # the models' enums, re-exported
@@ -184,9 +185,10 @@ _MATCHERS_MAX: Final = 20
 _MESSAGE_PATTERNS_MAX: Final = 8
 _ROLES_MAX: Final = 8
 _ELASTIC_DROPPED_MAX: Final = 10000
-SPARES_NEED_PROCESS: Final = (
-    "elastic.spares requires spec.restart.mode Process: a spare idles with its agent up and "
-    "its trainer not started, which in Pod and Recreate modes is the pod's own container"
+SPARES_NEED_IN_PLACE: Final = (
+    "elastic.spares requires a restart mode that keeps the pods (Pod or Process), not "
+    "spec.restart.mode Recreate: it creates every pod again at every restart, so no spare "
+    "would ever be ready"
 )
 _DEPENDENCIES_MAX: Final = 8
 # A role's name is part of its pods' names, `<job>-<role>-<index>`, which are DNS labels.
@@ -810,7 +812,7 @@ class ElasticSpec(_Model):
         "recreated (its node lost, its device gone), a spare placed and arrived takes its "
         "place at the next epoch, in place, and the recreated worker becomes a spare once its "
         "new pod is placed. Never the coordinator's (`MASTER_ADDR`) place: its loss waits for "
-        "its new pod. Only with `restart.mode: Process`.",
+        "its new pod. Not with `restart.mode: Recreate`, which keeps no pod.",
     )
 
     @model_validator(mode="after")
@@ -1147,9 +1149,13 @@ _SPEC_RULES: Final[list[JsonValue]] = [
     },
     {
         "rule": "!has(self.elastic) || !has(self.elastic.spares) || self.elastic.spares == 0 || "
-        f"(has(self.restart) && has(self.restart.mode) && self.restart.mode == "
-        f"'{RestartMode.PROCESS}')",
-        "message": SPARES_NEED_PROCESS,
+        "!has(self.restart) || !has(self.restart.mode) || "
+        + " && ".join(
+            f"self.restart.mode != '{mode}'"
+            for mode, meaning in RESTART_MODES.items()
+            if not meaning.in_place
+        ),
+        "message": SPARES_NEED_IN_PLACE,
         "fieldPath": ".elastic.spares",
     },
     {
@@ -1357,8 +1363,8 @@ class GangJobSpec(_Model):
                 raise ValueError(
                     "replicas must be within spec.elastic.minReplicas..spec.elastic.maxReplicas"
                 )
-            if self.elastic.spares and self.restart.mode is not RestartMode.PROCESS:
-                raise ValueError(SPARES_NEED_PROCESS)
+            if self.elastic.spares and not RESTART_MODES[self.restart.mode].in_place:
+                raise ValueError(SPARES_NEED_IN_PLACE)
         if self.roles is not None and self.trainer_container is not None:
             raise ValueError("trainerContainer: with spec.roles, set trainerContainer on the role")
         if (

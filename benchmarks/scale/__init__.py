@@ -26,11 +26,13 @@ kubelet's part of a KEP-5532 whole-pod restart with the measured ~2 s delay):
   every agent (benchmarks.scale.floors says exactly what is and is not counted);
 - annotation-floor: by a bare client, N merge-patches of one pod annotation (32 in flight) and
   one write of the GangJob seen by all N agents' own watches;
-- node-lost-spare, node-lost-shrink, node-lost-wait (only when named): a worker's node dies
-  with no room left for its new pod (every node tainted NoSchedule meanwhile), each in a
-  `Process` gang of its own: elastic with one spare, which takes the worker's place in place;
-  elastic with `waitSeconds: 0`, which goes on at N-1; not elastic, which waits (reported as
-  still waiting after `Settings.wait_bound`, 30 s); failure visible -> barrier;
+- node-lost-spare, node-lost-spare-pod, node-lost-shrink, node-lost-wait (only when named): a
+  worker's node dies with no room left for its new pod (every node tainted NoSchedule
+  meanwhile), each in a gang of its own, `Process` but for node-lost-spare-pod: elastic with one
+  spare, which takes the worker's place in place (node-lost-spare-pod: the same in `Pod` mode,
+  every pod restarted in place); elastic with `waitSeconds: 0`, which goes on at N-1; not
+  elastic, which waits (reported as still waiting after `Settings.wait_bound`, 30 s); failure
+  visible -> barrier;
 - with `--peers jobset`, the peer: JobSet v0.12.0's failure-policy restart of the same gang
   (an Indexed Job of N pods; one pod failed by the same status patch), from the failure seen to
   all N pods of the next attempt Running, at the controller-manager's default client QPS and

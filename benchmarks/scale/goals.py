@@ -16,6 +16,7 @@ from benchmarks.scale.settings import (
     JOBSET_RAISED,
     NODE_LOST_SHRINK,
     NODE_LOST_SPARE,
+    NODE_LOST_SPARE_POD,
     NODE_LOST_WAIT,
     Settings,
 )
@@ -291,6 +292,7 @@ def node_loss(results: Results) -> list[Verdict]:
         for mode, what in (
             (NODE_LOST_SHRINK, "node lost, no spare capacity: elastic shrink"),
             (NODE_LOST_SPARE, "node lost with a spare"),
+            (NODE_LOST_SPARE_POD, "node lost with a spare, Pod mode"),
         )
     ]
     goal = f"node lost without elastic, no capacity: the gang waits, at N={NODE_LOSS_AT}"

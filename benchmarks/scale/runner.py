@@ -55,8 +55,9 @@ from benchmarks.scale.settings import (
     JOBSET_RAISED,
     NODE_LOSS,
     NODE_LOSS_GANGS,
+    NODE_LOSS_RESTART_MODES,
     NODE_LOST_SHRINK,
-    NODE_LOST_SPARE,
+    NODE_LOST_SPARES,
     PROGRESS_TWINS,
     RESIZE,
     STEADY,
@@ -160,7 +161,7 @@ async def run_gang(
         # Single-pod nodes of its own, two more than the repetitions: its pods prefer them,
         # and neither the coordinator's node nor the spare's is lost.
         await make_victims(w, gang, w.settings.reps + 2)
-        mode = "Process"
+        mode = NODE_LOSS_RESTART_MODES.get(mode, "Process")
     # The hang gang: `Process` mode with `spec.progress.hangSeconds`.
     mode, hang_seconds = ("Process", HANG_SECONDS) if mode == HANG else (mode, None)
     try:
@@ -333,7 +334,7 @@ def node_loss_spec(w: World, mode: str) -> JsonDict:
     """The gang of a node-loss mode: elastic with one spare, elastic going on at once without
     a lost worker (`waitSeconds: 0`), or not elastic; none grows back within the run."""
     elastic = {"minReplicas": 1, "maxReplicas": w.n, "growAfterSeconds": 3600}
-    if mode == NODE_LOST_SPARE:
+    if mode in NODE_LOST_SPARES:
         return {"elastic": {**elastic, "spares": 1, "waitSeconds": 300}}
     if mode == NODE_LOST_SHRINK:
         return {"elastic": {**elastic, "waitSeconds": 0}}

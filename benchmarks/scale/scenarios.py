@@ -41,7 +41,7 @@ from benchmarks.scale.settings import (
     BULK_TAINT,
     FULL_TAINT,
     NODE_LOST_SHRINK,
-    NODE_LOST_SPARE,
+    NODE_LOST_SPARES,
     NODE_LOST_WAIT,
 )
 from controller.k8s import GANGJOBS, NODES, JsonDict
@@ -544,8 +544,9 @@ async def node_loss(
     w: World, tracker: JobTracker, rep: int, node: str, mode: str, *, capacity_returns: bool
 ) -> dict[str, Any] | None:
     """A worker's node dies with no room left for its new pod (the bulk nodes taken out of
-    scheduling, `no_capacity`), in a `Process` gang (`NODE_LOSS_GANGS`): an elastic gang with a
-    spare, whose spare takes the worker's place in place (`node-lost-spare`); an elastic gang
+    scheduling, `no_capacity`), in a gang of its own (`NODE_LOSS_GANGS`): an elastic gang with a
+    spare, whose spare takes the worker's place in place (`node-lost-spare`, `Process` mode;
+    `node-lost-spare-pod`, `Pod` mode, where every pod restarts in place); an elastic gang
     with `waitSeconds: 0`, which goes on without the worker (`node-lost-shrink`); a gang that
     is not elastic, which waits for the worker's new pod (`node-lost-wait`): the wait is
     reported, bounded by `Settings.wait_bound`, as an unfinished repetition. From the node lost to
@@ -577,7 +578,7 @@ async def node_loss(
     def state() -> str:
         return f"epoch {tracker.status.get('epoch')}, {tally.arrived()}/{members} arrived"
 
-    if mode == NODE_LOST_SPARE:
+    if mode in NODE_LOST_SPARES:
         await spare_ready(w, tracker)
     room = no_capacity(w) if capacity_returns else contextlib.nullcontext()
     async with room:

@@ -28,14 +28,21 @@ IN_PLACE_TLS = "in-place-tls"
 """The in-place restart of a gang of its own with the controller serving arrivals over TLS (its
 own certificate, on uvloop, as deployed), after the in-place gang with plain HTTP on asyncio:
 taken only when `--modes` names it (the controller is restarted for it, and back after)."""
-NODE_LOST_SPARE, NODE_LOST_SHRINK, NODE_LOST_WAIT = (
-    "node-lost-spare", "node-lost-shrink", "node-lost-wait",
+NODE_LOST_SPARE, NODE_LOST_SPARE_POD, NODE_LOST_SHRINK, NODE_LOST_WAIT = (
+    "node-lost-spare", "node-lost-spare-pod", "node-lost-shrink", "node-lost-wait",
 )  # fmt: skip
-NODE_LOSS = (NODE_LOST_SPARE, NODE_LOST_SHRINK, NODE_LOST_WAIT)
-"""A worker's node lost with no room for its new pod, each in a `Process` gang of its own
-(`NODE_LOSS_GANGS`): elastic with one spare; elastic with `waitSeconds: 0`, which shrinks;
-not elastic, which waits. Taken only when `--modes` names them."""
-NODE_LOSS_GANGS = {NODE_LOST_SPARE: "ns", NODE_LOST_SHRINK: "nk", NODE_LOST_WAIT: "nw"}
+NODE_LOSS = (NODE_LOST_SPARE, NODE_LOST_SPARE_POD, NODE_LOST_SHRINK, NODE_LOST_WAIT)
+"""A worker's node lost with no room for its new pod, each in a gang of its own
+(`NODE_LOSS_GANGS`), `Process` but where `NODE_LOSS_RESTART_MODES` says: elastic with one
+spare (and the same in `Pod` mode); elastic with `waitSeconds: 0`, which shrinks; not elastic,
+which waits. Taken only when `--modes` names them."""
+NODE_LOSS_GANGS = {
+    NODE_LOST_SPARE: "ns", NODE_LOST_SPARE_POD: "nsp", NODE_LOST_SHRINK: "nk", NODE_LOST_WAIT: "nw",
+}  # fmt: skip
+NODE_LOSS_RESTART_MODES = {NODE_LOST_SPARE_POD: "Pod"}
+"""The restart mode of a node-loss gang, where not `Process`."""
+NODE_LOST_SPARES = (NODE_LOST_SPARE, NODE_LOST_SPARE_POD)
+"""The node-loss modes whose gang has a spare."""
 WAIT_BOUND_S = 30.0
 """How long `node-lost-wait` watches the gang wait for a worker no node can take."""
 SELECTABLE_MODES = (*MODES, HANG, RESIZE, IN_PLACE_TLS, *NODE_LOSS)

@@ -31,7 +31,7 @@ def complete(p: Pass) -> bool:
     pods of the roles still running are stopped)."""
     ignored = failure.ignored_workers(p)
     complete_roles = {name for name, r in p.roles.items() if r.state is RoleState.COMPLETE}
-    outcome = job_succeeded(p.job, p.gang.live, ignored, complete_roles)
+    outcome = job_succeeded(p.job, p.gang.live, ignored, complete_roles, p.dropped())
     if outcome is None:
         return False
     reason, message = outcome
@@ -58,6 +58,7 @@ def job_succeeded(
     workers: Mapping[int, PodView],
     ignored: Set[int] = frozenset(),
     complete_roles: Set[str] = frozenset(),
+    outside: Set[int] = frozenset(),
 ) -> tuple[str, str] | None:
     """(reason, message) if the job has succeeded by its success policy, else None.
 
@@ -65,6 +66,8 @@ def job_succeeded(
     worker whose failure the policy ignores (`ignored`) counts as done too, so a tolerated
     failure never keeps the job from finishing. `spec.success` decides if set, over the workers
     of its roles (`All` of them, or `Any`); else `successPolicy` (`All` workers, or `Rank0`).
+    The workers an elastic gang goes on without (`outside`: its spares, workers it could not
+    place) are no part of it: they run nothing, and the world's success is the job's.
     """
     epoch = job.status.epoch
     succeeded = {
@@ -82,7 +85,11 @@ def job_succeeded(
             return REASON_RANK0_SUCCEEDED, "Rank 0 succeeded"
         return None
     names = set(rule.roles or ()) if rule is not None else set()
-    targets = [w.worker for w in job.spec.workers if not names or w.role.name in names]
+    targets = [
+        w.worker
+        for w in job.spec.workers
+        if (not names or w.role.name in names) and w.worker not in outside
+    ]
     if rule is not None and rule.operator is SuccessOperator.ANY:
         first = next((w for w in targets if w in succeeded), None)
         if first is None:

@@ -1,19 +1,33 @@
-"""A spare on the real kubelet (docs/design.md section 3.12): two workers and a spare in
-`Process` mode; worker 1's trainer exits with a code a `RecreateWorker` rule names (a device
-gone, as the trainer tells it: the one loss that a test can cause on the only real node), and
-the spare, its pod started long before, takes worker 1's rank at the next epoch in its own
-container; worker 1's new pod starts its agent and no trainer, the next spare."""
+"""A spare on the real kubelet (docs/design.md section 3.12): two workers and a spare; worker
+1's trainer exits with a code a `RecreateWorker` rule names (a device gone, as the trainer tells
+it: the one loss that a test can cause on the only real node), and the spare, its pod started
+long before, takes worker 1's rank at the next epoch; worker 1's new pod starts its agent and
+no trainer, the next spare. In `Process` mode the spare runs the rank in its own container; in
+`Pod` mode its sidecar passed its startup probe (its launcher holding, no trainer started), so
+it idles past the probe's failureThreshold unharmed, and its pod restarts in place with the
+kept worker's."""
 
 from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime
 
 import pytest
 
 from api import builders
-from controller.k8s import CORE_EVENTS, GANGJOBS, JsonDict, Kube
+from api.constants import AGENT_CONTAINER, BARRIER_PROBE_SLACK_SECONDS
+from controller.k8s import CORE_EVENTS, GANGJOBS, PODS, JsonDict, Kube
 from localcluster.cluster import Cluster
 from localcluster.node import AGENT_IMAGE
 from localcluster.tools import ControllerProcess, kubectl
+from localcluster.versions import binary
 from tests.integration.harness import gang_pods, watch_job
+from tests.waiting import wait_for_pods
 
 pytestmark = pytest.mark.e2e
 
@@ -29,14 +43,19 @@ while :; do [ -f /tmp/lost ] && exit 42; sleep 1; done
 """
 
 
-def spare_job() -> JsonDict:
+BARRIER_TIMEOUT = 15
+"""`Pod` mode: the sidecar's startup probe fails past `BARRIER_TIMEOUT` + 60 probes, 1 s apart."""
+
+
+def spare_job(mode: str = "Process") -> JsonDict:
     return builders.gangjob(
         "sp", 2,
         image=AGENT_IMAGE, command=["sh", "-c", TRAINER],
         container={"imagePullPolicy": "Never"},
         pod_spec={"terminationGracePeriodSeconds": 5},
-        restart_mode="Process",
+        restart_mode=mode,
         spec={
+            "restart": {"barrierTimeoutSeconds": BARRIER_TIMEOUT},
             "elastic": {"minReplicas": 1, "maxReplicas": 2, "spares": 1},
             "failurePolicy": {
                 "rules": [
@@ -55,6 +74,61 @@ def spare_job() -> JsonDict:
 def runs(cluster: Cluster, ns: str, pod: str) -> list[str]:
     log = kubectl(cluster, "-n", ns, "logs", pod, "-c", "trainer")
     return [line for line in log.splitlines() if line.startswith("run: ")]
+
+
+def said(cluster: Cluster, ns: str, pod: str, text: str, timeout: float = 60) -> None:
+    """Returns once the trainer container of `pod` logged `text` (its log followed, with a
+    deadline): a launcher that just started may not have written it yet."""
+    argv = [str(binary("kubectl").path), f"--kubeconfig={cluster.kubeconfig}", "-n", ns]
+    follow = [*argv, "logs", "-f", pod, "-c", "trainer"]
+    with subprocess.Popen(follow, stdout=subprocess.PIPE, text=True) as proc:
+        deadline = threading.Timer(timeout, proc.kill)
+        deadline.start()
+        try:
+            assert proc.stdout is not None
+            if any(text in line for line in proc.stdout):
+                return
+        finally:
+            deadline.cancel()
+            proc.kill()
+    raise AssertionError(f"{pod}'s trainer container did not log {text!r} in {timeout}s")
+
+
+def container(pod: JsonDict, name: str) -> JsonDict:
+    status = pod.get("status") or {}
+    every = [*(status.get("initContainerStatuses") or ()), *(status.get("containerStatuses") or ())]
+    return next((c for c in every if c["name"] == name), {})
+
+
+def held(pod: JsonDict) -> bool:
+    """`Pod` mode, a spare: its sidecar through its startup probe, its launcher running."""
+    return bool(
+        container(pod, AGENT_CONTAINER).get("started")
+        and "running" in container(pod, "trainer").get("state", {})
+    )
+
+
+async def stays(
+    kube: Kube, ns: str, name: str, ok: Callable[[JsonDict], str], until: float
+) -> None:
+    """Watches pod `name` until the wall clock reaches `until`: fails as soon as `ok` names
+    something wrong with a version of it."""
+
+    async def watch() -> None:
+        pod = await kube.get(PODS, name, ns)
+        assert not (wrong := ok(pod)), wrong
+        stream = kube.watch(
+            PODS, ns, field_selector=f"metadata.name={name}",
+            resource_version=pod["metadata"]["resourceVersion"],
+        )  # fmt: skip
+        async with contextlib.aclosing(stream):
+            async for ev in stream:
+                assert ev.type != "DELETED", f"{name} deleted"
+                if ev.type in ("ADDED", "MODIFIED"):  # not a bookmark, which is no pod
+                    assert not (wrong := ok(ev.object)), wrong
+
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(watch(), max(0.0, until - time.time()))
 
 
 async def test_a_spare_takes_a_recreated_workers_rank_in_its_own_container(
@@ -117,3 +191,75 @@ async def test_a_spare_takes_a_recreated_workers_rank_in_its_own_container(
     assert [e["message"] for e in events if e["reason"] == "SpareTookOver"] == [
         "Spare 2 takes worker 1's place at epoch 1; worker 1's new pod will be a spare"
     ]
+
+
+async def test_a_pod_mode_spare_idles_past_its_probe_and_takes_a_rank_in_place(
+    node_kube: Kube,
+    node_namespace: str,
+    node_cluster: Cluster,
+    controller: ControllerProcess,
+) -> None:
+    ns = node_namespace
+    await node_kube.create(GANGJOBS, spare_job("Pod"), ns)
+
+    # The spare's sidecar arrived, said in the world file that it is outside the world, and
+    # opened its startup probe: the kubelet started the launcher, which holds.
+    def spare_held(pods: list[JsonDict]) -> bool:
+        return any(p["metadata"]["name"] == "sp-2" and held(p) for p in pods)
+
+    pods = await wait_for_pods(node_kube, ns, spare_held, 180, "the spare's launcher held")
+    job = await watch_job(node_kube, ns, "sp", lambda j: (j.get("status") or {}).get(
+        "barrierEpoch") == 0, 60, "running")  # fmt: skip
+    assert (job["status"]["worldSize"], job["status"]["dropped"]) == (2, [2])
+
+    # It idles well past the probe's failureThreshold, its sidecar never restarted: a startup
+    # probe that passed is not run again (a shut one would have been killed at the threshold).
+    spare = next(p for p in pods if p["metadata"]["name"] == "sp-2")
+    started = container(spare, AGENT_CONTAINER)["state"]["running"]["startedAt"]
+    started_at = datetime.fromisoformat(started.replace("Z", "+00:00")).timestamp()
+    threshold = BARRIER_TIMEOUT + BARRIER_PROBE_SLACK_SECONDS
+
+    def idle(pod: JsonDict) -> str:
+        restarts = {c: container(pod, c).get("restartCount") for c in (AGENT_CONTAINER, "trainer")}
+        return "" if set(restarts.values()) == {0} else f"sp-2 restarted: {restarts}"
+
+    await stays(node_kube, ns, "sp-2", idle, started_at + threshold + 15)
+    said(node_cluster, ns, "sp-2", "outside the world of epoch 0 (a spare): no trainer started")
+    assert runs(node_cluster, ns, "sp-2") == []
+    before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in await gang_pods(
+        node_kube, ns, "sp")}  # fmt: skip
+
+    kubectl(node_cluster, "-n", ns, "exec", "sp-1", "-c", "trainer", "--", "touch", "/tmp/lost")
+
+    def swapped(j: JsonDict) -> bool:
+        st = j.get("status", {})
+        return bool(st.get("barrierEpoch") == 1 and st.get("dropped") == [1])
+
+    job = await watch_job(node_kube, ns, "sp", swapped, 180, "spare 2 in worker 1's place")
+    st = job["status"]
+    assert st["worldSize"] == 2
+    assert st["lastRestart"]["trigger"]["worker"] == 1
+    assert st["lastRestart"]["trigger"]["detail"].endswith("; spare 2 takes worker 1's place")
+    assert st["lastRestart"]["recreated"] == [1]
+
+    # Worker 1's new pod: its sidecar through its probe, its launcher holding: the next spare.
+    def new_spare(pods: list[JsonDict]) -> bool:
+        return any(
+            p["metadata"]["name"] == "sp-1" and p["metadata"]["uid"] != before["sp-1"] and held(p)
+            for p in pods
+        )
+
+    await wait_for_pods(node_kube, ns, new_spare, 120, "worker 1's new pod held as a spare")
+    pods_now = {p["metadata"]["name"]: p for p in await gang_pods(node_kube, ns, "sp")}
+    # Worker 0 and the spare restarted in place: the same pods, their containers restarted.
+    for name in ("sp-0", "sp-2"):
+        assert pods_now[name]["metadata"]["uid"] == before[name], name
+        assert container(pods_now[name], "trainer")["restartCount"] >= 1, name
+    await watch_job(node_kube, ns, "sp", lambda j: (j.get("status") or {}).get(
+        "workers", {}).get("arrived") == 3, 60, "the new spare arrived")  # fmt: skip
+
+    # The trainer of epoch 1 was told the new world: the spare runs worker 1's rank.
+    assert runs(node_cluster, ns, "sp-0") == ["run: rank 0 of 2 at epoch 1 in sp-0"]
+    assert runs(node_cluster, ns, "sp-2") == ["run: rank 1 of 2 at epoch 1 in sp-2"]
+    said(node_cluster, ns, "sp-1", "outside the world of epoch 1 (a spare): no trainer started")
+    assert runs(node_cluster, ns, "sp-1") == []

@@ -255,9 +255,10 @@ async def test_the_jobset_peer_restarts_the_same_gang_and_the_goals_are_printed(
 async def test_node_loss_modes_shrink_take_a_spare_and_wait(
     sim_cluster: Cluster, tmp_path: Path
 ) -> None:
-    """The node-loss modes, each in a `Process` gang of its own, a node lost with no room for
-    the new pod: the elastic gang shrinks, the spare takes the worker's place, the gang that
-    is not elastic is seen waiting (an unfinished row: how long), and the goals say so."""
+    """The node-loss modes, each in a gang of its own, a node lost with no room for the new
+    pod: the elastic gang shrinks, the spare takes the worker's place (in a `Process` gang and
+    in a `Pod` gang), the gang that is not elastic is seen waiting (an unfinished row: how
+    long), and the goals say so."""
     settings = Settings(
         sizes=[3], reps=1, restart_delay=0.2, start_delay=0.1, modes=NODE_LOSS,
         wait_bound=3.0, name="smoke-node-loss", results_dir=tmp_path,
@@ -267,12 +268,13 @@ async def test_node_loss_modes_shrink_take_a_spare_and_wait(
     (res,) = data["results"]
     runs = {r["mode"]: r for r in res["runs"]}
     assert set(runs) == set(NODE_LOSS)
-    spare, shrink, wait = (runs[m] for m in NODE_LOSS)
+    spare, spare_pod, shrink, wait = (runs[m] for m in NODE_LOSS)
     assert shrink["trigger"] == "NodeLost"
     assert shrink["detail"].endswith("; resized 3 -> 2 (worker lost, no spare)")
-    assert spare["trigger"] == "NodeLost"
-    assert spare["detail"].endswith(f"; spare 3 takes worker {spare['worker'][-1]}'s place")
-    for run in (shrink, spare):
+    for run in (spare, spare_pod):
+        assert run["trigger"] == "NodeLost"
+        assert run["detail"].endswith(f"; spare 3 takes worker {run['worker'][-1]}'s place")
+    for run in (shrink, spare, spare_pod):
         assert run["seconds"] > 0
         assert set(run["steps"]) >= {"visible->epoch", "epoch->arrived", "arrived->barrier"}
     assert wait["unfinished"] is True
@@ -281,4 +283,5 @@ async def test_node_loss_modes_shrink_take_a_spare_and_wait(
     assert res["modes"][NODE_LOST_WAIT]["unfinished_over_s"] == [wait["limit_s"]]
     md = report(settings, data, data["results"])
     assert "- node lost with a spare (failure visible -> barrier) within 1.2x of in place" in md
+    assert "- node lost with a spare, Pod mode (failure visible -> barrier) within 1.2x" in md
     assert "- node lost without elastic, no capacity: the gang waits, at N=1000" in md

@@ -4,7 +4,8 @@ unchanged and the new world seen by every agent's trainer (`Process` mode: the t
 environment; `Pod` mode: the `world` file the kubelet-started trainer reads); the apiserver
 refuses a size outside the bounds, and a change of a job that is not elastic; a node lost with
 no room for its worker shrinks the gang, and a new node grows it back; a spare takes a lost
-worker's place in place, and the new pod becomes the spare."""
+worker's place in place (in `Process` and `Pod` modes), and the new pod becomes the spare;
+`Recreate` mode refuses spares."""
 
 from __future__ import annotations
 
@@ -247,13 +248,16 @@ async def test_a_job_queued_by_kueue_keeps_the_size_kueue_admitted(
     )
 
 
+@pytest.mark.parametrize("mode", ["Process", "Pod"])
 async def test_a_spare_takes_a_lost_workers_place_in_place(
     gang: Gang,  # noqa: F811 (the fixture)
+    mode: str,
 ) -> None:
     # Two workers and a spare, one pod a node (each takes both GPUs of its node), three nodes:
-    # the lost node's worker finds no room, and the spare goes on in its place.
+    # the lost node's worker finds no room, and the spare goes on in its place (`Pod` mode:
+    # its pod restarts in place with the kept worker's).
     await gang.create(
-        "sp", 2, restart={"mode": "Process"}, nodeLoss={"forceDeleteAfterSeconds": 2},
+        "sp", 2, restart={"mode": mode}, nodeLoss={"forceDeleteAfterSeconds": 2},
         elastic={"minReplicas": 1, "maxReplicas": 2, "spares": 1, "waitSeconds": 300},
         trainer={"resources": {"limits": {"nvidia.com/gpu": 2}}},
     )  # fmt: skip
@@ -294,13 +298,13 @@ async def test_a_spare_takes_a_lost_workers_place_in_place(
     assert {n: uids(pods)[n] for n in ("sp-0", "sp-2")} == {n: before[n] for n in ("sp-0", "sp-2")}
     assert not pods["sp-1"]["spec"].get("nodeName")
     await gang.agents_at(1, ["sp-0", "sp-2"])
-    assert world_seen(gang.sim, "sp-0", "Process") == {
+    assert world_seen(gang.sim, "sp-0", mode) == {
         "GANGJOB_EPOCH": "1",
         "RANK": "0",
         "WORLD_SIZE": "2",
         "PET_NNODES": "2",
     }
-    assert world_seen(gang.sim, "sp-2", "Process") == {
+    assert world_seen(gang.sim, "sp-2", mode) == {
         "GANGJOB_EPOCH": "1",
         "RANK": "1",
         "WORLD_SIZE": "2",
@@ -329,14 +333,15 @@ async def test_a_spare_takes_a_lost_workers_place_in_place(
             await gang.kube.delete(NODES, extra)
 
 
-async def test_spares_need_process_mode(
+async def test_spares_are_refused_in_recreate_mode(
     gang: Gang,  # noqa: F811 (the fixture)
 ) -> None:
     with pytest.raises(Invalid) as caught:
         await gang.create(
-            "pod", 2, elastic={"minReplicas": 1, "maxReplicas": 2, "spares": 1}
+            "rec", 2, restart={"mode": "Recreate"},
+            elastic={"minReplicas": 1, "maxReplicas": 2, "spares": 1},
         )  # fmt: skip
-    assert "elastic.spares requires spec.restart.mode Process" in str(caught.value)
+    assert "elastic.spares requires a restart mode that keeps the pods" in str(caught.value)
     assert "spec.elastic.spares" in str(caught.value)
 
 

@@ -4,7 +4,13 @@ launcher reading it."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import os
 import pathlib
+import signal
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -12,6 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from agent.agent import Agent, Step
 from agent.cli import launch_env
 from agent.config import Config
 from agent.protocol import (
@@ -19,15 +26,28 @@ from agent.protocol import (
     dense_rank,
     epoch_env,
     in_world,
+    outside_world,
+    outside_world_env,
     read_world_file,
     world_file_text,
 )
 from agent.watch import newest
+from api.constants import (
+    ANNOTATION_EPOCH,
+    BARRIER_PATH,
+    EPOCH_FILE,
+    FINISHED_FILE,
+    RESTART_EXIT_CODE,
+    TRAINER_EXIT_FILE,
+    WORLD_FILE,
+)
 from api.failures import FAILURE_CLASSES, FailureClass
 from api.v1alpha1 import parse_gangjob
 from controller.arrivals.server import state_line
 from controller.policy.podspec import build_pod
 from tests.unit.builders import job_dict
+from tests.unit.test_agent import DEADLINE, FakeApi, at, make_config, polled, running, until
+from tests.unit.test_agent_http import fetch
 
 AGENT = "agent:1"
 ELASTIC = {"minReplicas": 2, "maxReplicas": 8}
@@ -232,3 +252,153 @@ def test_the_last_arrival_is_counted_without_the_dropped_workers() -> None:
     status = {"dropped": [2], "roles": [{"name": "worker", "state": "Running", "replicas": 4}]}
     assert barrier_waits_for({"replicas": 4}, status) == 3
     assert barrier_waits_for({"replicas": 4}, {"dropped": [1, 2]}) == 2
+
+
+# A spare in `Pod` mode: its sidecar opens the startup probe and says, in the `world` file, that
+# the worker is outside the world; its launcher starts nothing (docs/design.md section 3.12).
+
+
+def spare_agent(
+    tmp_path: pathlib.Path, fake: FakeApi, rank: int, *, launched: bool = True
+) -> Agent:
+    config = make_config(tmp_path, pod=f"train-{rank}", rank=rank, launched=launched)
+    return Agent(dataclasses.replace(config, probe_port=0, probe_host="127.0.0.1"), fake)
+
+
+@pytest.mark.parametrize(
+    ("rank", "world"),
+    [
+        (2, {"worldSize": 2, "dropped": [2]}),  # a spare
+        (3, {"worldSize": 3, "dropped": []}),  # a surplus worker of a shrink to 3
+    ],
+)
+async def test_a_pod_mode_worker_outside_the_world_opens_its_probe_for_a_launcher_that_holds(
+    tmp_path: pathlib.Path, rank: int, world: dict[str, Any]
+) -> None:
+    """A probe kept shut would fail past its failureThreshold while the spare idles: the
+    kubelet would restart the sidecar in a loop. Open, the kubelet starts the launcher, which
+    reads the world file and starts nothing."""
+    fake = FakeApi(epoch=4)
+    fake.set_status(**world)
+    fake.add_pod(f"train-{rank}")
+    a = spare_agent(tmp_path, fake, rank)
+    async with running(a) as task:
+        port = await asyncio.wait_for(a.probe_port(), DEADLINE)
+        await until(a, at(Step.AT_BARRIER, 4))
+        assert (await fetch(port, BARRIER_PATH))[0] == 503
+        fake.set_status(barrierEpoch=4)
+        state = await until(a, lambda s: s.probe_open)
+        assert (state.step, state.barrier_open) == (Step.WAITING_FOR_EPOCH, False)
+        assert (await fetch(port, BARRIER_PATH))[0] == 200
+        world_file = read_world_file((a.config.dir / WORLD_FILE).read_text())
+        assert world_file == {"GANGJOB_EPOCH": "4"}
+        assert outside_world(world_file, 4)
+        assert (a.config.dir / EPOCH_FILE).read_text() == "4\n"
+        fake.set_status(epoch=5)  # the gang moves on: the pod restarts in place, as every pod
+        assert await asyncio.wait_for(task, DEADLINE) == RESTART_EXIT_CODE
+
+
+async def test_a_pod_mode_spare_that_joins_the_world_restarts_in_place_and_gets_its_rank(
+    tmp_path: pathlib.Path,
+) -> None:
+    fake = FakeApi(epoch=0)
+    fake.set_status(worldSize=2, dropped=[2], barrierEpoch=0)
+    fake.add_pod("train-2")
+    spare = spare_agent(tmp_path, fake, 2)
+    async with running(spare) as task:
+        await until(spare, lambda s: s.probe_open)
+        fake.set_status(epoch=1, dropped=[1])  # spare 2 takes worker 1's place
+        assert await asyncio.wait_for(task, DEADLINE) == RESTART_EXIT_CODE
+    # The kubelet restarted every container of the pod: a new agent, the same directory.
+    member = spare_agent(tmp_path, fake, 2)
+    async with running(member):
+        await until(member, at(Step.AT_BARRIER, 1))
+        assert not member.state.probe_open
+        fake.set_status(barrierEpoch=1)
+        await until(member, lambda s: s.barrier_open and s.probe_open)
+        world_file = read_world_file((member.config.dir / WORLD_FILE).read_text())
+        assert (world_file["RANK"], world_file["WORLD_SIZE"]) == ("1", "2")
+        assert not outside_world(world_file, 1)
+    assert fake.annotations("train-2")[ANNOTATION_EPOCH] == "1"
+
+
+async def test_a_pod_mode_spare_without_the_launcher_keeps_its_probe_shut(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Its trainer would start with the pod's own environment: nothing holds it but the
+    probe."""
+    fake = FakeApi(epoch=0)
+    fake.set_status(worldSize=2, dropped=[2], barrierEpoch=0)
+    fake.add_pod("train-2")
+    a = spare_agent(tmp_path, fake, 2, launched=False)
+    async with running(a):
+        port = await asyncio.wait_for(a.probe_port(), DEADLINE)
+        await until(a, at(Step.WAITING_FOR_EPOCH, 0))
+        assert (await fetch(port, BARRIER_PATH))[0] == 503
+        assert not (a.config.dir / WORLD_FILE).exists()
+
+
+async def test_a_pod_mode_spare_releases_its_launcher_when_the_job_finishes(
+    tmp_path: pathlib.Path,
+) -> None:
+    fake = FakeApi(epoch=0)
+    fake.set_status(worldSize=2, dropped=[2], barrierEpoch=0)
+    fake.add_pod("train-2")
+    a = spare_agent(tmp_path, fake, 2)
+    async with running(a) as task:
+        await until(a, lambda s: s.probe_open)
+        fake.set_status(phase="Succeeded")
+        await polled(lambda: (a.config.dir / FINISHED_FILE).exists())
+        assert not task.done()  # idle until the kubelet stops the pod
+        assert a.state.last_exit is None  # a spare reports no exit
+
+
+def _held_launcher(tmp_path: pathlib.Path, script: str) -> subprocess.Popen[str]:
+    """`agent launch` of a spare at epoch 0; returns once it said it holds."""
+    (tmp_path / WORLD_FILE).write_text(world_file_text(outside_world_env(0)))
+    (tmp_path / EPOCH_FILE).write_text("0\n")
+    env = {**os.environ, "GANGJOB_NAME": "llama", "GANGJOB_DIR": str(tmp_path)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent", "launch", "--", "sh", "-c", script],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    line = proc.stderr.readline()
+    assert "outside the world of epoch 0 (a spare): no trainer started" in line, line
+    return proc
+
+
+def test_a_spares_launcher_starts_nothing_and_ends_when_the_job_finishes(
+    tmp_path: pathlib.Path,
+) -> None:
+    proc = _held_launcher(tmp_path, "echo started")
+    (tmp_path / FINISHED_FILE).write_text("1\n")
+    out, _ = proc.communicate(timeout=DEADLINE)
+    assert (proc.returncode, out) == (0, "")
+    assert not (tmp_path / TRAINER_EXIT_FILE).exists()
+
+
+def test_a_spares_launcher_ends_at_once_on_sigterm(tmp_path: pathlib.Path) -> None:
+    """As the container's PID 1 it would otherwise ignore the kubelet's SIGTERM until the
+    SIGKILL, and hold up the pod's restart in place by the grace period."""
+    proc = _held_launcher(tmp_path, "echo started")
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=DEADLINE)
+    assert (proc.returncode, out) == (0, "")
+
+
+def test_a_spares_launcher_launches_at_a_later_epoch_that_has_it(tmp_path: pathlib.Path) -> None:
+    """Only if its sidecar restarted alone and arrived at a later epoch (the pod did not
+    restart): the launcher runs the trainer with that epoch's world."""
+    proc = _held_launcher(tmp_path, 'echo "run $RANK of $WORLD_SIZE at $GANGJOB_EPOCH"; exit 3')
+    (tmp_path / WORLD_FILE).write_text(world_file_text(epoch_env(1, 1, 2)))
+    (tmp_path / EPOCH_FILE).write_text("1\n")
+    out, _ = proc.communicate(timeout=DEADLINE)
+    assert (proc.returncode, out) == (3, "run 1 of 2 at 1\n")
+
+
+def test_the_world_file_of_a_worker_outside_the_world_names_only_its_epoch() -> None:
+    assert outside_world({"GANGJOB_EPOCH": "4"}, 4)
+    assert not outside_world({"GANGJOB_EPOCH": "3"}, 4)  # another epoch's: says nothing
+    assert not outside_world({}, 4)  # none (not elastic): the pod's environment stands
+    assert not outside_world(epoch_env(4, 0, 2), 4)

@@ -18,6 +18,7 @@ from api.failures import FailureClass
 from api.v1alpha1 import (
     FailureAction,
     GangJobStatus,
+    Phase,
     RestartMode,
     RestartRecord,
     RestartTrigger,
@@ -462,12 +463,27 @@ def test_the_pod_group_counts_the_spares() -> None:
     assert scheduling.gang_size(job) == 3
 
 
-def test_spares_need_process_mode() -> None:
-    with pytest.raises(ValueError, match=r"elastic\.spares requires spec\.restart\.mode Process"):
-        make_job(4, elastic=SPARES["elastic"])
+def test_spares_need_a_mode_that_keeps_the_pods() -> None:
+    with pytest.raises(
+        ValueError, match=r"elastic\.spares requires .* not spec\.restart\.mode Recreate"
+    ):
+        make_job(4, elastic=SPARES["elastic"], restart={"mode": "Recreate"})
+    assert make_job(4, elastic=SPARES["elastic"], restart={"mode": "Pod"}).spec.elastic
 
 
 def test_the_coordinator_is_never_a_spare_from_the_start() -> None:
     spec = {**SPARES, "coordinator": {"role": "worker", "index": 4}}
     result = plan(gang(4, GangJobStatus(), pods=[], **spec))
     assert (result.status.world_size, result.status.dropped) == (4, [3])
+
+
+def test_the_world_succeeding_is_the_jobs_success_without_its_spare() -> None:
+    """A spare runs nothing: it cannot succeed, and it does not keep the job from it."""
+    pods = [crashed(worker(w, 0), 0) for w in range(4)] + [worker(4, 0)]
+    status = running_status(0, world_size=4, dropped=[4])
+    result = plan(gang(4, status, pods, **SPARES))
+    assert result.status.phase is Phase.SUCCEEDED
+    assert "All 4 workers succeeded" in [e.message for e in result.events]
+    # One of the world still running: not yet.
+    pods[3] = worker(3, 0)
+    assert plan(gang(4, status, pods, **SPARES)).status.phase is Phase.RUNNING
