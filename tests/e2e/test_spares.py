@@ -1,11 +1,11 @@
-"""A spare on the real kubelet (docs/design.md section 3.12): two workers and a spare; worker
-1's trainer exits with a code a `RecreateWorker` rule names (a device gone, as the trainer tells
-it: the one loss that a test can cause on the only real node), and the spare, its pod started
-long before, takes worker 1's rank at the next epoch; worker 1's new pod starts its agent and
-no trainer, the next spare. In `Process` mode the spare runs the rank in its own container; in
-`Pod` mode its sidecar passed its startup probe (its launcher holding, no trainer started), so
-it idles past the probe's failureThreshold unharmed, and its pod restarts in place with the
-kept worker's."""
+"""A spare on the real kubelet (docs/design.md section 3.12): workers and a spare; worker 1's
+trainer exits with a code a `RecreateWorker` rule names (a device gone, as the trainer tells it:
+the one loss that a test can cause on the only real node), and the spare, its pod started long
+before, takes worker 1's rank at the next epoch (the others keep theirs); worker 1's new pod
+starts its agent and no trainer, the next spare. In `Process` mode the spare runs the rank in
+its own container; in `Pod` mode its sidecar passed its startup probe (its launcher holding, no
+trainer started), so it idles past the probe's failureThreshold unharmed, and its pod restarts
+in place with the kept worker's."""
 
 from __future__ import annotations
 
@@ -47,16 +47,16 @@ BARRIER_TIMEOUT = 15
 """`Pod` mode: the sidecar's startup probe fails past `BARRIER_TIMEOUT` + 60 probes, 1 s apart."""
 
 
-def spare_job(mode: str = "Process") -> JsonDict:
+def spare_job(mode: str = "Process", replicas: int = 2) -> JsonDict:
     return builders.gangjob(
-        "sp", 2,
+        "sp", replicas,
         image=AGENT_IMAGE, command=["sh", "-c", TRAINER],
         container={"imagePullPolicy": "Never"},
         pod_spec={"terminationGracePeriodSeconds": 5},
         restart_mode=mode,
         spec={
             "restart": {"barrierTimeoutSeconds": BARRIER_TIMEOUT},
-            "elastic": {"minReplicas": 1, "maxReplicas": 2, "spares": 1},
+            "elastic": {"minReplicas": 1, "maxReplicas": replicas, "spares": 1},
             "failurePolicy": {
                 "rules": [
                     {
@@ -137,16 +137,17 @@ async def test_a_spare_takes_a_recreated_workers_rank_in_its_own_container(
     node_cluster: Cluster,
     controller: ControllerProcess,
 ) -> None:
+    # Three workers and spare 3: the spare takes worker 1's rank, and worker 2 keeps its own.
     ns = node_namespace
-    await node_kube.create(GANGJOBS, spare_job(), ns)
+    await node_kube.create(GANGJOBS, spare_job(replicas=3), ns)
 
     def running(j: JsonDict) -> bool:
         # The workers past the barrier of epoch 0, the spare arrived there too.
         st = j.get("status", {})
-        return bool(st.get("barrierEpoch") == 0 and st.get("workers", {}).get("arrived") == 3)
+        return bool(st.get("barrierEpoch") == 0 and st.get("workers", {}).get("arrived") == 4)
 
     job = await watch_job(node_kube, ns, "sp", running, 180, "running with its spare")
-    assert (job["status"]["worldSize"], job["status"]["dropped"]) == (2, [2])
+    assert (job["status"]["worldSize"], job["status"]["dropped"]) == (3, [3])
     before = {p["metadata"]["name"]: p for p in await gang_pods(node_kube, ns, "sp")}
     kubectl(node_cluster, "-n", ns, "exec", "sp-1", "-c", "trainer", "--", "touch", "/tmp/lost")
 
@@ -154,42 +155,45 @@ async def test_a_spare_takes_a_recreated_workers_rank_in_its_own_container(
         st = j.get("status", {})
         return bool(st.get("barrierEpoch") == 1 and st.get("dropped") == [1])
 
-    job = await watch_job(node_kube, ns, "sp", swapped, 180, "spare 2 in worker 1's place")
+    job = await watch_job(node_kube, ns, "sp", swapped, 180, "spare 3 in worker 1's place")
     st = job["status"]
-    assert st["worldSize"] == 2
+    assert st["worldSize"] == 3
+    assert st["places"] == [{"worker": 3, "place": 1}]
     last = st["lastRestart"]
     assert last["trigger"]["action"] == "RecreateWorker"
     assert last["trigger"]["worker"] == 1
-    assert last["trigger"]["detail"].endswith("; spare 2 takes worker 1's place")
+    assert last["trigger"]["detail"].endswith("; spare 3 takes worker 1's place")
     assert last["recreated"] == [1]
     assert st["restarts"]["total"] == 1
 
     # Worker 1's new pod: its agent up and arrived, no trainer run; the next spare.
     def new_spare(j: JsonDict) -> bool:
-        return bool((j.get("status") or {}).get("workers", {}).get("arrived") == 3)
+        return bool((j.get("status") or {}).get("workers", {}).get("arrived") == 4)
 
     await watch_job(node_kube, ns, "sp", new_spare, 120, "the new spare arrived")
     pods = {p["metadata"]["name"]: p for p in await gang_pods(node_kube, ns, "sp")}
-    assert set(pods) == {"sp-0", "sp-1", "sp-2"}
+    assert set(pods) == {"sp-0", "sp-1", "sp-2", "sp-3"}
     assert pods["sp-1"]["metadata"]["uid"] != before["sp-1"]["metadata"]["uid"]
-    # The spare and worker 0 are the pods they were: in place, in their containers.
-    for name in ("sp-0", "sp-2"):
+    # The spare and workers 0 and 2 are the pods they were: in place, in their containers.
+    for name in ("sp-0", "sp-2", "sp-3"):
         assert pods[name]["metadata"]["uid"] == before[name]["metadata"]["uid"], name
         statuses = pods[name]["status"]["containerStatuses"]
         trainer = next(c for c in statuses if c["name"] == "trainer")
         assert trainer["restartCount"] == 0, name
-    assert runs(node_cluster, ns, "sp-0") == [
-        "run: rank 0 of 2 at epoch 0 in sp-0",
-        "run: rank 0 of 2 at epoch 1 in sp-0",
-    ]
-    # The spare ran nothing at epoch 0 and worker 1's rank at epoch 1.
-    assert runs(node_cluster, ns, "sp-2") == ["run: rank 1 of 2 at epoch 1 in sp-2"]
+    # Every kept worker keeps its rank; the spare ran nothing at epoch 0 and worker 1's rank
+    # at epoch 1.
+    for name, rank in (("sp-0", 0), ("sp-2", 2)):
+        assert runs(node_cluster, ns, name) == [
+            f"run: rank {rank} of 3 at epoch 0 in {name}",
+            f"run: rank {rank} of 3 at epoch 1 in {name}",
+        ]
+    assert runs(node_cluster, ns, "sp-3") == ["run: rank 1 of 3 at epoch 1 in sp-3"]
     assert runs(node_cluster, ns, "sp-1") == []
     log = kubectl(node_cluster, "-n", ns, "logs", "sp-1", "-c", "trainer")
     assert "is outside the world of epoch 1 (a spare)" in log
     events = (await node_kube.list(CORE_EVENTS, ns)).items
     assert [e["message"] for e in events if e["reason"] == "SpareTookOver"] == [
-        "Spare 2 takes worker 1's place at epoch 1; worker 1's new pod will be a spare"
+        "Spare 3 takes worker 1's place at epoch 1; worker 1's new pod will be a spare"
     ]
 
 
