@@ -199,6 +199,10 @@ class Manager:
         self._next_pass_at: dict[str, float] = {}
         # Keys whose next pass opens a barrier: no pace holds it (see _on_report).
         self._urgent: set[str] = set()
+        # When the report that completed a key's barrier came: the start of the controller's
+        # share of that step (the key may have been dirty since an earlier arrival's report,
+        # which waited REPORT_COALESCE; that wait is no reaction to the last arrival).
+        self._last_arrival: dict[str, float] = {}
 
     def _enqueue(self, key: str, after: float = 0.0) -> None:
         now = time.monotonic()
@@ -220,9 +224,9 @@ class Manager:
 
     # -- event handlers: map a change to the GangJob keys it concerns ---------------------
     def _on_job(self, event: StoreEvent) -> None:
-        if event.type == "MODIFIED" and self.reconciler.echo_of_refresh(event.key, event.obj):
-            # Our own progress refresh coming back: no pass, and no arrival stream wakes (the
-            # state they send leaves progress and goodput out; at N=5000, 5000 wake-ups).
+        if event.type == "MODIFIED" and self.reconciler.echo_of_quiet_write(event.key, event.obj):
+            # Our own progress refresh, or arrived counts, coming back: no pass, and no arrival
+            # stream wakes (the state they send leaves both out; at N=5000, 5000 wake-ups).
             return
         self.arrivals.job_changed(event.key)
         if event.type == "DELETED":
@@ -247,9 +251,11 @@ class Manager:
         if not self._barrier_due(key):
             self._enqueue(key, after=REPORT_COALESCE)
             return
+        now = time.monotonic()
         self._next_pass_at.pop(key, None)
         self._urgent.add(key)
-        self._dirty_since.setdefault(key, time.monotonic())
+        self._dirty_since.setdefault(key, now)
+        self._last_arrival[key] = now
         self.queue.add(key)
 
     def _barrier_due(self, key: str) -> bool:
@@ -303,6 +309,7 @@ class Manager:
         while True:
             key = await self.queue.get()
             since = self._dirty_since.pop(key, None)
+            arrival = self._last_arrival.pop(key, None)
             pace = 0.0
             try:
                 with metrics.track_reconcile(CONTROLLER_NAME) as record:
@@ -312,12 +319,14 @@ class Manager:
                         # Conflicts are routine (our cache behind our own write): retry soon.
                         if since is not None:
                             self._dirty_since[key] = min(since, self._dirty_since.get(key, since))
+                        if arrival is not None:
+                            self._last_arrival.setdefault(key, arrival)
                         self.queue.add_rate_limited(key)
                         raise
                     self.queue.forget(key)
                     pace = self._paced(key, outcome.planning_seconds)
                     if since is not None:
-                        self._report_share(key, since, outcome)
+                        self._report_share(key, since, outcome, arrival)
                     if outcome.requeue_after is not None:
                         record.result = "requeue_after"
                         self.queue.add_after(key, outcome.requeue_after)
@@ -332,13 +341,24 @@ class Manager:
                 self.queue.done(key, pace)
 
     @staticmethod
-    def _report_share(key: str, since: float, outcome: Outcome) -> None:
+    def _report_share(
+        key: str, since: float, outcome: Outcome, last_arrival: float | None = None
+    ) -> None:
+        """The controller's share of a restart step: from `since` (the first event that made
+        the key dirty), for the barrier from the last arrival's report where one completed it
+        (`last_arrival`), to the status write returning."""
         for step, done in (("bump", outcome.epoch_bumped), ("barrier", outcome.barrier_opened)):
             if done:
                 # To the status write, not the pass's end: a Recreate's deletes come after it.
-                took = (outcome.status_written_at or time.monotonic()) - since
+                written = outcome.status_written_at or time.monotonic()
+                start = last_arrival if step == "barrier" and last_arrival is not None else since
+                took = written - start
                 metrics.RESTART_STEP.labels(step).observe(took)
-                log.info("gang %s: %s written %.3fs after the watch event", key, step, took)
+                log.info(
+                    "gang %s: %s written %.3fs after the %s (%.3fs after the first event)",
+                    key, step, took, "last arrival" if start != since else "watch event",
+                    written - since,
+                )  # fmt: skip
 
     async def _label_own_pod(self, leading: bool) -> None:
         """Best effort: without the label the Service has no endpoint, and agents fall back to
