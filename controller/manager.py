@@ -79,6 +79,12 @@ REPORT_COALESCE = 1.0
 reports itself and runs the last one's pass at once (`_on_report`), so the passes before it only
 refresh the arrived counts, which status shows at most every second anyway; at N=5000 each is a
 pass over every worker (0.2-0.5 s)."""
+REPORT_BUDGET = 0.1
+"""The share of a core that the passes which only refresh the arrived counts may take: a report
+short of the barrier waits REPORT_COALESCE, or the gang's last planning time over this share if
+longer (at N=5000, ~0.25 s of planning: 2.5 s), but at most REPORT_COALESCE_MAX. Each such pass
+holds the event loop, and with it every other agent's report, for its whole planning time."""
+REPORT_COALESCE_MAX = 5.0
 PACE_FROM = 0.02
 """Seconds of planning from which a gang's next pass waits as long after its last one ended."""
 PACE_MAX = 1.0
@@ -197,6 +203,7 @@ class Manager:
         # seconds is not planned again until P after its last pass ended (at most half the
         # controller's time); small gangs (P < PACE_FROM) are not held at all.
         self._next_pass_at: dict[str, float] = {}
+        self._planning: dict[str, float] = {}  # each gang's last planning time (s)
         # Keys whose next pass opens a barrier: no pace holds it (see _on_report).
         self._urgent: set[str] = set()
         # When the report that completed a key's barrier came: the start of the controller's
@@ -215,6 +222,7 @@ class Manager:
 
     def _paced(self, key: str, planning_seconds: float) -> float:
         """Records when `key` may be planned next; returns how long from now."""
+        self._planning[key] = planning_seconds
         if planning_seconds < PACE_FROM:
             self._next_pass_at.pop(key, None)
             return 0.0
@@ -231,6 +239,7 @@ class Manager:
         self.arrivals.job_changed(event.key)
         if event.type == "DELETED":
             metrics.forget_job(*event.key.split("/", 1))
+            self._planning.pop(event.key, None)
         self._enqueue(event.key)
 
     def _pod_job(self, namespace: str, pod: str) -> str | None:
@@ -249,7 +258,7 @@ class Manager:
             self._enqueue(key)  # a trainer's exit (Process mode): a failure, looked at now
             return
         if not self._barrier_due(key):
-            self._enqueue(key, after=REPORT_COALESCE)
+            self._enqueue(key, after=self._report_coalesce(key))
             return
         now = time.monotonic()
         self._next_pass_at.pop(key, None)
@@ -257,6 +266,11 @@ class Manager:
         self._dirty_since.setdefault(key, now)
         self._last_arrival[key] = now
         self.queue.add(key)
+
+    def _report_coalesce(self, key: str) -> float:
+        """How long a report short of the barrier waits for its pass (`REPORT_BUDGET`)."""
+        planning = self._planning.get(key, 0.0)
+        return min(max(REPORT_COALESCE, planning / REPORT_BUDGET), REPORT_COALESCE_MAX)
 
     def _barrier_due(self, key: str) -> bool:
         obj = self.jobs.get(key)
