@@ -79,6 +79,12 @@ REPORT_COALESCE = 1.0
 reports itself and runs the last one's pass at once (`_on_report`), so the passes before it only
 refresh the arrived counts, which status shows at most every second anyway; at N=5000 each is a
 pass over every worker (0.2-0.5 s)."""
+REPORT_BUDGET = 0.1
+"""The share of a core that the passes which only refresh the arrived counts may take: a report
+short of the barrier waits REPORT_COALESCE, or the gang's last planning time over this share if
+longer (at N=5000, ~0.25 s of planning: 2.5 s), but at most REPORT_COALESCE_MAX. Each such pass
+holds the event loop, and with it every other agent's report, for its whole planning time."""
+REPORT_COALESCE_MAX = 5.0
 PACE_FROM = 0.02
 """Seconds of planning from which a gang's next pass waits as long after its last one ended."""
 PACE_MAX = 1.0
@@ -203,8 +209,13 @@ class Manager:
         # seconds is not planned again until P after its last pass ended (at most half the
         # controller's time); small gangs (P < PACE_FROM) are not held at all.
         self._next_pass_at: dict[str, float] = {}
+        self._planning: dict[str, float] = {}  # each gang's last planning time (s)
         # Keys whose next pass opens a barrier: no pace holds it (see _on_report).
         self._urgent: set[str] = set()
+        # When the report that completed a key's barrier came: the start of the controller's
+        # share of that step (the key may have been dirty since an earlier arrival's report,
+        # which waited REPORT_COALESCE; that wait is no reaction to the last arrival).
+        self._last_arrival: dict[str, float] = {}
 
     def _enqueue(self, key: str, after: float = 0.0) -> None:
         now = time.monotonic()
@@ -217,6 +228,7 @@ class Manager:
 
     def _paced(self, key: str, planning_seconds: float) -> float:
         """Records when `key` may be planned next; returns how long from now."""
+        self._planning[key] = planning_seconds
         if planning_seconds < PACE_FROM:
             self._next_pass_at.pop(key, None)
             return 0.0
@@ -226,13 +238,14 @@ class Manager:
 
     # -- event handlers: map a change to the GangJob keys it concerns ---------------------
     def _on_job(self, event: StoreEvent) -> None:
-        if event.type == "MODIFIED" and self.reconciler.echo_of_refresh(event.key, event.obj):
-            # Our own progress refresh coming back: no pass, and no arrival stream wakes (the
-            # state they send leaves progress and goodput out; at N=5000, 5000 wake-ups).
+        if event.type == "MODIFIED" and self.reconciler.echo_of_quiet_write(event.key, event.obj):
+            # Our own progress refresh, or arrived counts, coming back: no pass, and no arrival
+            # stream wakes (the state they send leaves both out; at N=5000, 5000 wake-ups).
             return
         self.arrivals.job_changed(event.key)
         if event.type == "DELETED":
             metrics.forget_job(*event.key.split("/", 1))
+            self._planning.pop(event.key, None)
         self._enqueue(event.key)
 
     def _pod_job(self, namespace: str, pod: str) -> str | None:
@@ -251,12 +264,19 @@ class Manager:
             self._enqueue(key)  # a trainer's exit (Process mode): a failure, looked at now
             return
         if not self._barrier_due(key):
-            self._enqueue(key, after=REPORT_COALESCE)
+            self._enqueue(key, after=self._report_coalesce(key))
             return
+        now = time.monotonic()
         self._next_pass_at.pop(key, None)
         self._urgent.add(key)
-        self._dirty_since.setdefault(key, time.monotonic())
+        self._dirty_since.setdefault(key, now)
+        self._last_arrival[key] = now
         self.queue.add(key)
+
+    def _report_coalesce(self, key: str) -> float:
+        """How long a report short of the barrier waits for its pass (`REPORT_BUDGET`)."""
+        planning = self._planning.get(key, 0.0)
+        return min(max(REPORT_COALESCE, planning / REPORT_BUDGET), REPORT_COALESCE_MAX)
 
     def _barrier_due(self, key: str) -> bool:
         obj = self.jobs.get(key)
@@ -309,6 +329,7 @@ class Manager:
         while True:
             key = await self.queue.get()
             since = self._dirty_since.pop(key, None)
+            arrival = self._last_arrival.pop(key, None)
             pace = 0.0
             try:
                 with metrics.track_reconcile(CONTROLLER_NAME) as record:
@@ -318,12 +339,14 @@ class Manager:
                         # Conflicts are routine (our cache behind our own write): retry soon.
                         if since is not None:
                             self._dirty_since[key] = min(since, self._dirty_since.get(key, since))
+                        if arrival is not None:
+                            self._last_arrival.setdefault(key, arrival)
                         self.queue.add_rate_limited(key)
                         raise
                     self.queue.forget(key)
                     pace = self._paced(key, outcome.planning_seconds)
                     if since is not None:
-                        self._report_share(key, since, outcome)
+                        self._report_share(key, since, outcome, arrival)
                     if outcome.requeue_after is not None:
                         record.result = "requeue_after"
                         self.queue.add_after(key, outcome.requeue_after)
@@ -338,13 +361,24 @@ class Manager:
                 self.queue.done(key, pace)
 
     @staticmethod
-    def _report_share(key: str, since: float, outcome: Outcome) -> None:
+    def _report_share(
+        key: str, since: float, outcome: Outcome, last_arrival: float | None = None
+    ) -> None:
+        """The controller's share of a restart step: from `since` (the first event that made
+        the key dirty), for the barrier from the last arrival's report where one completed it
+        (`last_arrival`), to the status write returning."""
         for step, done in (("bump", outcome.epoch_bumped), ("barrier", outcome.barrier_opened)):
             if done:
                 # To the status write, not the pass's end: a Recreate's deletes come after it.
-                took = (outcome.status_written_at or time.monotonic()) - since
+                written = outcome.status_written_at or time.monotonic()
+                start = last_arrival if step == "barrier" and last_arrival is not None else since
+                took = written - start
                 metrics.RESTART_STEP.labels(step).observe(took)
-                log.info("gang %s: %s written %.3fs after the watch event", key, step, took)
+                log.info(
+                    "gang %s: %s written %.3fs after the %s (%.3fs after the first event)",
+                    key, step, took, "last arrival" if start != since else "watch event",
+                    written - since,
+                )  # fmt: skip
 
     async def _label_own_pod(self, leading: bool) -> None:
         """Best effort: without the label the Service has no endpoint, and agents fall back to

@@ -114,6 +114,16 @@ def refresh_only(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     return all(old.get(k) == new.get(k) for k in keys)
 
 
+def quiet_only(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether two statuses differ only in what no decision of a pass reads and no arrival
+    stream sends: progress counts (`progress_only`) and a progress refresh (`refresh_only`)."""
+    return _without_progress(_without_refresh(old)) == _without_progress(_without_refresh(new))
+
+
+def _without_refresh(status: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in status.items() if k not in _REFRESHED}
+
+
 def _without_progress(status: Mapping[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in status.items() if k != "workers"}
     conditions = out.get("conditions")
@@ -273,9 +283,9 @@ class Reconciler:
         # job's previous write. Protocol changes (epoch, barrier, phase, conditions) never wait.
         self.progress_interval = progress_interval
         self._written_at: dict[str, float] = {}
-        # Job key -> the resourceVersion of this controller's last write that only refreshed
-        # progress and goodput: its watch event needs no pass (`echo_of_refresh`).
-        self._refreshed: dict[str, str] = {}
+        # Job key -> the resourceVersion of this controller's last write that changed nothing
+        # a pass reads (`quiet_only`): its watch event needs no pass (`echo_of_quiet_write`).
+        self._quiet: dict[str, str] = {}
         self._pod_views = Views(PodView.from_pod, caches.pods, slack=1000)
         # Arrivals the agents reported to this controller directly, joined to the pods' views.
         self.arrivals = arrivals if arrivals is not None else ArrivalBook()
@@ -325,7 +335,7 @@ class Reconciler:
         if obj is None:
             self._written_at.pop(key, None)
             self._refused.pop(key, None)
-            self._refreshed.pop(key, None)
+            self._quiet.pop(key, None)
             return Outcome()  # deleted: its pods go with it (owner references, GC)
         if obj.get("metadata", {}).get("deletionTimestamp"):
             return Outcome()
@@ -609,20 +619,22 @@ class Reconciler:
         )
         self._written_at[key] = time.monotonic()
         version = (stored.get("metadata") or {}).get("resourceVersion")
-        if refresh_only(old, new) and isinstance(version, str):
-            self._refreshed[key] = version
+        if quiet_only(old, new) and isinstance(version, str):
+            self._quiet[key] = version
         else:
-            self._refreshed.pop(key, None)
+            self._quiet.pop(key, None)
         return True, None
 
-    def echo_of_refresh(self, key: str, obj: JsonDict) -> bool:
+    def echo_of_quiet_write(self, key: str, obj: JsonDict) -> bool:
         """Whether `obj` is the GangJob exactly as this controller's last write left it, and that
-        write only refreshed progress and goodput. Planning it again would decide nothing the
-        writing pass did not (plan over a carried-out plan repeats nothing, and no decision
-        reads those fields), yet cost a pass over every worker: at N=5000 the echo of each
-        periodic refresh was half of what progress cost the controller."""
+        write changed only what no decision reads: progress and goodput (a periodic refresh), or
+        the workers' counts and the messages that say them (each second of a restart). Planning
+        it again would decide nothing the writing pass did not (plan over a carried-out plan
+        repeats nothing), yet cost a pass over every worker: at N=5000 the echo of each periodic
+        refresh was half of what progress cost the controller, and during a restart every count
+        written brought one more pass over the gang."""
         version = (obj.get("metadata") or {}).get("resourceVersion")
-        return version is not None and self._refreshed.get(key) == version
+        return version is not None and self._quiet.get(key) == version
 
     async def _event(self, job: GangJob, ev: EventSpec) -> None:
         now = self.now()

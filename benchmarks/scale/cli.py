@@ -121,6 +121,14 @@ def main() -> int:
         "DIR/N<n>-<mode>-<rep>.txt (collapsed stacks; the run's timings are then not the "
         "benchmark's)",
     )
+    p.add_argument(
+        "--py-spy-controller",
+        type=Path,
+        metavar="DIR",
+        help="sample the controller with py-spy over each measured restart, into "
+        "DIR/N<n>-<mode>-<rep>.txt (collapsed stacks; its CPU then shares the cores with "
+        "py-spy's)",
+    )
     a = p.parse_args()
     modes = tuple(m for m in a.modes.split(",") if m)
     if not modes or set(modes) - set(SELECTABLE_MODES):
@@ -136,6 +144,7 @@ def main() -> int:
         modes=modes, peers=peers, peer_max_size=a.peer_max_size, peer_qps=a.peer_qps,
         scheduler_qps=a.scheduler_qps, endpoint_batch=a.endpoint_batch,
         cluster=a.cluster, keep=a.keep, name=a.name, progress=a.progress,
-        progress_window=a.progress_window, py_spy=a.py_spy, wait_bound=a.wait_bound,
+        progress_window=a.progress_window, py_spy=a.py_spy,
+        py_spy_controller=a.py_spy_controller, wait_bound=a.wait_bound,
     )  # fmt: skip
     return asyncio.run(until_terminated(run(settings)))

@@ -105,9 +105,16 @@ async def timed(
     `Unfinished` if a milestone is not reached within `timeout`."""
     timeout = w.settings.rep_limit_s or timeout
     order = ["injected", *order]
-    spy = w.settings.py_spy
-    out = spy / f"N{w.n}-{mode}-{rep + 1}.txt" if spy is not None else None
-    async with profiled(out), CpuSampler.running(w.cpu_pids()) as sampler:
+    name = f"N{w.n}-{mode}-{rep + 1}.txt"
+    spy, spy_ctl = w.settings.py_spy, w.settings.py_spy_controller
+    out = spy / name if spy is not None else None
+    ctl_out = spy_ctl / name if spy_ctl is not None else None
+    ctl_pid = w.cpu_pids()["controller"]
+    async with (
+        profiled(out),
+        profiled(ctl_out, ctl_pid),
+        CpuSampler.running(w.cpu_pids()) as sampler,
+    ):
         t0 = time.monotonic()
         injected = asyncio.ensure_future(inject())
         try:
@@ -165,7 +172,12 @@ async def measure_restart(
         "controller_rss_mib": round(rss, 1),
         "apiserver": api,
     }
-    print_row(w, row, f"ctl share {ctl['share_s']}  ctl API {ctl['requests'].get('all', 0)}")
+    print_row(
+        w,
+        row,
+        f"ctl share {ctl['share_s']}  ctl API {ctl['requests'].get('all', 0)}  "
+        f"ctl CPU {row['cpu_s'].get('controller')}s  ctl RSS {row['controller_rss_mib']} MiB",
+    )
     return row
 
 

@@ -120,6 +120,8 @@ class Settings:
     progress_window: float = PROGRESS_WINDOW_S
     py_spy: Path | None = None
     """Where py-spy's samples of this process over each measured restart go (None: none)."""
+    py_spy_controller: Path | None = None
+    """Where py-spy's samples of the controller over each measured restart go (None: none)."""
     progress_settle: float | None = None
     """Seconds from the reporting gang running to its steady window (None: the agents' summary
     period and 5 s, so that every agent reports at its period within the window)."""

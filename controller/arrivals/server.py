@@ -281,7 +281,12 @@ def arrivals_app(
         version = str((obj.get("metadata") or {}).get("resourceVersion", ""))
         hit = lines.get(key)
         if hit is None or hit[0] != version or not version:
-            hit = lines[key] = (version, state_line(obj))
+            line = state_line(obj)
+            if hit is not None and hit[1] == line:
+                # A write that changed nothing a stream sends (the arrived counts, each second
+                # of a restart): the same line object, so no stream is sent it again.
+                line = hit[1]
+            hit = lines[key] = (version, line)
         return hit[1]
 
     def changed(key: str, closing: bool) -> None:

@@ -8,6 +8,7 @@ to its pod annotation."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import pathlib
 import time
@@ -333,4 +334,24 @@ async def test_an_idle_stream_is_sent_its_line_again(serve: Callable[[Served], A
         async with asyncio.timeout(DEADLINE):
             again = await response.content.readline()
         assert b'"STATE"' in again
+        response.close()
+
+
+async def test_a_write_that_changes_no_state_line_sends_the_streams_nothing(
+    serve: Callable[[Served], Any],
+) -> None:
+    # Each second of a restart the arrived counts are written: at N=5000 that was 5000 writes
+    # of an unchanged line per job write. Only a change of what the line says is sent.
+    served = Served(Limits(), by_token)
+    await serve(served)
+    async with aiohttp.ClientSession() as session:
+        response = await first_line(session, served.url, "train-0")
+        assert response.status == 200
+        served.fake.set_status(workers={"arrived": 2})  # a new version, the same line
+        served.book.job_changed(f"{NS}/{JOB}")
+        served.fake.set_status(epoch=1)
+        served.book.job_changed(f"{NS}/{JOB}")
+        async with asyncio.timeout(DEADLINE):
+            line = await response.content.readline()
+        assert JobState.from_object(json.loads(line)["object"]).epoch == 1
         response.close()

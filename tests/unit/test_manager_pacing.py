@@ -8,9 +8,18 @@ import asyncio
 import time
 from typing import cast
 
+import pytest
+
 from controller.arrivals.book import Report
 from controller.k8s import Kube
-from controller.manager import PACE_MAX, REPORT_COALESCE, Manager, Settings
+from controller.manager import (
+    PACE_MAX,
+    REPORT_BUDGET,
+    REPORT_COALESCE,
+    REPORT_COALESCE_MAX,
+    Manager,
+    Settings,
+)
 from controller.reconcile import Outcome
 
 KEY = "ml/llama"
@@ -85,6 +94,23 @@ async def test_a_report_short_of_the_barrier_waits_a_second_and_the_last_one_non
     due = True
     manager._on_report(KEY)
     assert len(manager.queue) == 1
+
+
+async def test_a_gang_that_plans_long_refreshes_its_arrived_counts_less_often() -> None:
+    # At N=5000 a pass plans for ~0.25 s, the event loop held (every other report waiting):
+    # the passes that only refresh counts keep to REPORT_BUDGET of a core.
+    manager = Manager(cast(Kube, object()), Settings(metrics_address=None, health_address=None))
+    assert manager._report_coalesce(KEY) == REPORT_COALESCE  # never planned: as small gangs
+    manager._paced(KEY, 0.01)
+    assert manager._report_coalesce(KEY) == REPORT_COALESCE
+    manager._paced(KEY, 0.25)
+    assert manager._report_coalesce(KEY) == pytest.approx(0.25 / REPORT_BUDGET)
+    manager._paced(KEY, 30.0)
+    assert manager._report_coalesce(KEY) == REPORT_COALESCE_MAX
+    manager._barrier_due = lambda key: False  # type: ignore[method-assign]
+    manager._next_pass_at.pop(KEY)
+    manager._on_report(KEY)
+    assert manager.queue._waiting_at[KEY] - time.monotonic() > REPORT_COALESCE_MAX - 0.5
 
 
 async def test_a_reported_exit_is_planned_at_once() -> None:

@@ -10,7 +10,14 @@ from typing import Any, cast
 
 import pytest
 
-from api.v1alpha1 import GangJob, GangJobStatus, GoodputStatus, ProgressStatus, dump_status
+from api.v1alpha1 import (
+    GangJob,
+    GangJobStatus,
+    GoodputStatus,
+    ProgressStatus,
+    WorkersStatus,
+    dump_status,
+)
 from controller.arrivals.server import state_line
 from controller.k8s import GANGJOBS, NODES, PODS, SERVICES, AlreadyExists, Forbidden, NotFound
 from controller.k8s.store import BY_GANGJOB, Store, gangjob_index
@@ -84,6 +91,19 @@ def test_the_controller_share_ends_when_the_status_write_returns_not_with_the_pa
     outcome = Outcome(status_written=True, epoch_bumped=True, status_written_at=since + 0.25)
     Manager._report_share("ml/llama", since, outcome)
     assert _share_sum("bump") - before == pytest.approx(0.25)
+
+
+def test_the_barrier_share_runs_from_the_last_arrival_not_from_an_earlier_one() -> None:
+    # The gang was dirty since an earlier report, which waited REPORT_COALESCE; the last
+    # arrival's pass ran at once. The share is the controller's reaction to the last arrival.
+    before = _share_sum("barrier")
+    since = time.monotonic() - 30.0
+    outcome = Outcome(status_written=True, barrier_opened=True, status_written_at=since + 0.9)
+    Manager._report_share("ml/llama", since, outcome, last_arrival=since + 0.7)
+    assert _share_sum("barrier") - before == pytest.approx(0.2)
+    # By annotation (no report completed it): from the first event, as before.
+    Manager._report_share("ml/llama", since, outcome)
+    assert _share_sum("barrier") - before == pytest.approx(0.2 + 0.9)
 
 
 class CreateRecorder:
@@ -217,7 +237,7 @@ class StatusRecorder:
         return {"metadata": {"name": name, "resourceVersion": str(self.version)}}
 
 
-async def test_the_echo_of_a_progress_refresh_needs_no_pass_and_no_other_write_does() -> None:
+async def test_the_echo_of_a_quiet_write_needs_no_pass_and_no_other_write_does() -> None:
     api = StatusRecorder()
     caches = Caches(*(Store(cast(Any, api), k) for k in (GANGJOBS, PODS, NODES, SERVICES)))
     reconciler = Reconciler(cast(Any, api), caches)
@@ -242,14 +262,22 @@ async def test_the_echo_of_a_progress_refresh_needs_no_pass_and_no_other_write_d
     out = await reconciler.act(job, obj, decided(refreshed))
     assert out.status_written
     assert set(api.written[-1]) == {"progress", "goodput"}
-    assert reconciler.echo_of_refresh(key, echo(101))
+    assert reconciler.echo_of_quiet_write(key, echo(101))
     # Another writer's change after ours, or a job of the same name made again: a pass.
-    assert not reconciler.echo_of_refresh(key, echo(102))
-    assert not reconciler.echo_of_refresh("ml/other", echo(101))
+    assert not reconciler.echo_of_quiet_write(key, echo(102))
+    assert not reconciler.echo_of_quiet_write("ml/other", echo(101))
+    # The arrived counts of a restart, written each second while its workers arrive: no pass
+    # decides anything from them, so their echo needs none either.
+    counted = refreshed.model_copy(update={"workers": WorkersStatus(total=2, arrived=1)})
+    reconciler.progress_interval = 0.0
+    job, obj = with_status(job, refreshed), job_dict(2, status=dump_status(refreshed))
+    await reconciler.act(job, obj, decided(counted))
+    assert set(api.written[-1]) == {"workers"}
+    assert reconciler.echo_of_quiet_write(key, echo(102))
     # A write that moves anything else (here the epoch) is planned again when it comes back.
-    bumped = refreshed.model_copy(update={"epoch": 4})
+    bumped = counted.model_copy(update={"epoch": 4})
     await reconciler.act(job, obj, decided(bumped))
-    assert not reconciler.echo_of_refresh(key, echo(102))
+    assert not reconciler.echo_of_quiet_write(key, echo(103))
     assert refresh_only({"epoch": 3, "progress": {"step": 1}}, {"epoch": 3})
     assert not refresh_only({"epoch": 3, "progress": {"step": 1}}, {"epoch": 4})
 
