@@ -131,6 +131,20 @@ async def stays(
         await asyncio.wait_for(watch(), max(0.0, until - time.time()))
 
 
+async def lose_worker_1(kube: Kube, cluster: Cluster, ns: str, spare: int) -> JsonDict:
+    """Takes worker 1's "device" away (its trainer exits `LOST`); returns the job's status once
+    spare `spare` is in its place at epoch 1 and the barrier opened."""
+    kubectl(cluster, "-n", ns, "exec", "sp-1", "-c", "trainer", "--", "touch", "/tmp/lost")
+
+    def swapped(j: JsonDict) -> bool:
+        st = j.get("status", {})
+        return bool(st.get("barrierEpoch") == 1 and st.get("dropped") == [1])
+
+    job = await watch_job(kube, ns, "sp", swapped, 180, f"spare {spare} in worker 1's place")
+    status: JsonDict = job["status"]
+    return status
+
+
 async def test_a_spare_takes_a_recreated_workers_rank_in_its_own_container(
     node_kube: Kube,
     node_namespace: str,
@@ -149,14 +163,7 @@ async def test_a_spare_takes_a_recreated_workers_rank_in_its_own_container(
     job = await watch_job(node_kube, ns, "sp", running, 180, "running with its spare")
     assert (job["status"]["worldSize"], job["status"]["dropped"]) == (3, [3])
     before = {p["metadata"]["name"]: p for p in await gang_pods(node_kube, ns, "sp")}
-    kubectl(node_cluster, "-n", ns, "exec", "sp-1", "-c", "trainer", "--", "touch", "/tmp/lost")
-
-    def swapped(j: JsonDict) -> bool:
-        st = j.get("status", {})
-        return bool(st.get("barrierEpoch") == 1 and st.get("dropped") == [1])
-
-    job = await watch_job(node_kube, ns, "sp", swapped, 180, "spare 3 in worker 1's place")
-    st = job["status"]
+    st = await lose_worker_1(node_kube, node_cluster, ns, spare=3)
     assert st["worldSize"] == 3
     assert st["places"] == [{"worker": 3, "place": 1}]
     last = st["lastRestart"]
@@ -233,14 +240,7 @@ async def test_a_pod_mode_spare_idles_past_its_probe_and_takes_a_rank_in_place(
     before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in await gang_pods(
         node_kube, ns, "sp")}  # fmt: skip
 
-    kubectl(node_cluster, "-n", ns, "exec", "sp-1", "-c", "trainer", "--", "touch", "/tmp/lost")
-
-    def swapped(j: JsonDict) -> bool:
-        st = j.get("status", {})
-        return bool(st.get("barrierEpoch") == 1 and st.get("dropped") == [1])
-
-    job = await watch_job(node_kube, ns, "sp", swapped, 180, "spare 2 in worker 1's place")
-    st = job["status"]
+    st = await lose_worker_1(node_kube, node_cluster, ns, spare=2)
     assert st["worldSize"] == 2
     assert st["lastRestart"]["trigger"]["worker"] == 1
     assert st["lastRestart"]["trigger"]["detail"].endswith("; spare 2 takes worker 1's place")
@@ -262,7 +262,10 @@ async def test_a_pod_mode_spare_idles_past_its_probe_and_takes_a_rank_in_place(
     await watch_job(node_kube, ns, "sp", lambda j: (j.get("status") or {}).get(
         "workers", {}).get("arrived") == 3, 60, "the new spare arrived")  # fmt: skip
 
-    # The trainer of epoch 1 was told the new world: the spare runs worker 1's rank.
+    # The trainer of epoch 1 was told the new world: the spare runs worker 1's rank. Each
+    # launcher starts its trainer once it reads the world file: a moment after the barrier.
+    said(node_cluster, ns, "sp-0", "run: rank 0 of 2 at epoch 1 in sp-0")
+    said(node_cluster, ns, "sp-2", "run: rank 1 of 2 at epoch 1 in sp-2")
     assert runs(node_cluster, ns, "sp-0") == ["run: rank 0 of 2 at epoch 1 in sp-0"]
     assert runs(node_cluster, ns, "sp-2") == ["run: rank 1 of 2 at epoch 1 in sp-2"]
     said(node_cluster, ns, "sp-1", "outside the world of epoch 1 (a spare): no trainer started")
