@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from controller.k8s import Kube
+from controller.k8s.leader import timing_problem
 from controller.manager import Manager, Settings, default_identity
 from controller.policy.quarantine import QuarantineConfig
 from controller.runtime import tracing
@@ -290,18 +291,18 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    lease, renew, retry = (
+    problem = timing_problem(
         args.leader_elect_lease_duration,
         args.leader_elect_renew_deadline,
         args.leader_elect_retry_period,
-    )
-    if not lease > renew > 1.2 * retry:
-        print(
-            "gangjob-controller: --leader-elect-lease-duration must be greater than "
-            "--leader-elect-renew-deadline, and that greater than 1.2 x "
+        names=(
+            "--leader-elect-lease-duration",
+            "--leader-elect-renew-deadline",
             "--leader-elect-retry-period",
-            file=sys.stderr,
-        )
+        ),
+    )
+    if problem is not None:
+        print(f"gangjob-controller: {problem}", file=sys.stderr)
         return 2
     if args.arrival_url.startswith("https://"):
         small_tls_buffers()  # a TLS stream per agent: ~300 KiB each on asyncio's defaults

@@ -39,6 +39,23 @@ log = logging.getLogger(__name__)
 MICROTIME = "%Y-%m-%dT%H:%M:%S.%fZ"
 
 
+def timing_problem(
+    lease: float,
+    renew: float,
+    retry: float,
+    names: tuple[str, str, str] = ("lease_duration", "renew_deadline", "retry_period"),
+) -> str | None:
+    """What is wrong with a Lease's timing, naming its parts by `names` (the config's fields,
+    or the controller's flags); None if nothing. client-go's own checks: the leader must give
+    up before others may take over, and must get more than one try (with its 1.2 jitter) at
+    renewing before that."""
+    if not lease > renew:
+        return f"{names[0]} must be greater than {names[1]}"
+    if not renew > 1.2 * retry:
+        return f"{names[1]} must be greater than 1.2 * {names[2]}"
+    return None
+
+
 @dataclass(frozen=True)
 class LeaderElectionConfig:
     name: str
@@ -51,12 +68,9 @@ class LeaderElectionConfig:
     release_on_cancel: bool = True
 
     def __post_init__(self) -> None:
-        # client-go's own checks: the leader must give up before others may take over, and
-        # must get more than one try (with its 1.2 jitter) at renewing before that.
-        if not self.lease_duration > self.renew_deadline:
-            raise ValueError("lease_duration must be greater than renew_deadline")
-        if not self.renew_deadline > 1.2 * self.retry_period:
-            raise ValueError("renew_deadline must be greater than 1.2 * retry_period")
+        problem = timing_problem(self.lease_duration, self.renew_deadline, self.retry_period)
+        if problem is not None:
+            raise ValueError(problem)
         if not self.identity:
             raise ValueError("identity must not be empty")
 

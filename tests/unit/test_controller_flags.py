@@ -47,3 +47,14 @@ def test_a_lease_shorter_than_its_renew_deadline_is_refused(
     code = main(["--leader-elect-lease-duration=5s", "--leader-elect-renew-deadline=10s"])
     assert code == 2
     assert "--leader-elect-lease-duration must be greater than" in capsys.readouterr().err
+
+
+def test_a_renew_deadline_within_the_retry_jitter_is_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = main(["--leader-elect-renew-deadline=2s", "--leader-elect-retry-period=2s"])
+    assert code == 2
+    assert (
+        "--leader-elect-renew-deadline must be greater than 1.2 * --leader-elect-retry-period"
+        in capsys.readouterr().err
+    )
