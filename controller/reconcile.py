@@ -110,14 +110,13 @@ goodput figures, which no decision of the next pass reads."""
 
 def refresh_only(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     """Whether two statuses differ only in `status.progress` and `status.goodput`."""
-    keys = (old.keys() | new.keys()) - _REFRESHED
-    return all(old.get(k) == new.get(k) for k in keys)
+    return _without_refresh(old) == _without_refresh(new)
 
 
 def quiet_only(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     """Whether two statuses differ only in what no decision of a pass reads and no arrival
     stream sends: progress counts (`progress_only`) and a progress refresh (`refresh_only`)."""
-    return _without_progress(_without_refresh(old)) == _without_progress(_without_refresh(new))
+    return progress_only(_without_refresh(old), _without_refresh(new))
 
 
 def _without_refresh(status: Mapping[str, Any]) -> dict[str, Any]:
