@@ -21,6 +21,7 @@ import signal
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from agent.agent import Agent
 from agent.apiclient import HttpClient
@@ -104,67 +105,64 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def launch_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The trainer's environment for `launch`: `env` with the epoch of `$GANGJOB_DIR/epoch`, its
-    rendezvous id and the progress contract (`GANGJOB_PROGRESS`, the helper on `PYTHONPATH`).
-    Raises ValueError naming what is missing."""
-    job = _job_name(env)
-    directory = launch_dir(env)
-    return _trainer_env(env, job, directory, *_epoch_and_world(directory))
+class _Launch(NamedTuple):
+    """What `launch` reads at its start: the sidecar's directory, the epoch it opened, that
+    epoch's `world` file and the trainer's environment."""
+
+    directory: Path
+    epoch: int
+    world: dict[str, str]
+    env: dict[str, str]
 
 
-def _job_name(env: Mapping[str, str]) -> str:
+def _read_launch(env: Mapping[str, str]) -> _Launch:
+    """Raises ValueError naming what is missing."""
     job = env.get(ENV_GANGJOB_NAME, "").strip()
     if not job:
         raise ValueError(f"{ENV_GANGJOB_NAME} is not set")
-    return job
-
-
-def _trainer_env(
-    env: Mapping[str, str], job: str, directory: Path, epoch: int, world: dict[str, str]
-) -> dict[str, str]:
-    # The sidecar prepared the progress directory and the helper when it arrived.
-    trainer = trainer_env(directory, env)
-    if world.get(ENV_EPOCH) != str(epoch):
-        world = {}  # another epoch's, or none: the pod's environment stands
-    return {**trainer, **world, ENV_EPOCH: str(epoch), ENV_PET_RDZV_ID: rendezvous_id(job, epoch)}
-
-
-def launch_dir(env: Mapping[str, str]) -> Path:
-    return Path(env.get(ENV_DIR, "").strip() or DEFAULT_DIR)
-
-
-def _epoch_and_world(directory: Path) -> tuple[int, dict[str, str]]:
-    """The epoch of `$GANGJOB_DIR/epoch` and the lines of `$GANGJOB_DIR/world`, which an
-    elastic gang's sidecar writes before the epoch (ValueError without an epoch)."""
+    directory = Path(env.get(ENV_DIR, "").strip() or DEFAULT_DIR)
     path = directory / EPOCH_FILE
     try:
         epoch = int(path.read_text().strip())
     except (OSError, ValueError) as e:
         raise ValueError(f"cannot read the epoch from {path}: {e}") from e
+    # An elastic gang's sidecar writes the epoch's world (RANK, WORLD_SIZE) before the epoch.
     try:
         world = read_world_file((directory / WORLD_FILE).read_text())
     except OSError:
         world = {}
-    return epoch, world
+    if world.get(ENV_EPOCH) != str(epoch):
+        world = {}  # another epoch's, or none: the pod's environment stands
+    # The sidecar prepared the progress directory and the helper when it arrived.
+    trainer = {
+        **trainer_env(directory, env),
+        **world,
+        ENV_EPOCH: str(epoch),
+        ENV_PET_RDZV_ID: rendezvous_id(job, epoch),
+    }
+    return _Launch(directory, epoch, world, trainer)
+
+
+def launch_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The trainer's environment for `launch`: `env` with the epoch of `$GANGJOB_DIR/epoch`, its
+    rendezvous id and the progress contract (`GANGJOB_PROGRESS`, the helper on `PYTHONPATH`).
+    Raises ValueError naming what is missing."""
+    return _read_launch(env).env
 
 
 def run_launch(command: Sequence[str], env: Mapping[str, str]) -> int:
     """`launch`: runs `command` at the epoch the sidecar opened; outside that epoch's world
     (a spare), holds instead, and launches at a later epoch only if one comes without the
     pod restarting (`launch.hold`)."""
-    directory = launch_dir(env)
     while True:
         try:
-            job = _job_name(env)
-            epoch, world = _epoch_and_world(directory)
-            trainer = _trainer_env(env, job, directory, epoch, world)
+            at = _read_launch(env)
         except ValueError as e:
             print(f"agent: error: launch: {e}", file=sys.stderr)
             return USAGE_EXIT_CODE
-        if not outside_world(world, epoch):
-            return launch(command, trainer, directory, epoch)
-        if hold(directory, epoch):
+        if not outside_world(at.world, at.epoch):
+            return launch(command, at.env, at.directory, at.epoch)
+        if hold(at.directory, at.epoch):
             return 0
 
 
