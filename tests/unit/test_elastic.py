@@ -265,6 +265,14 @@ def spare_agent(
     return Agent(dataclasses.replace(config, probe_port=0, probe_host="127.0.0.1"), fake)
 
 
+def two_and_a_spare() -> FakeApi:
+    """A gang of two at the open barrier of epoch 0, and its spare, worker 2, in pod train-2."""
+    fake = FakeApi(epoch=0)
+    fake.set_status(worldSize=2, dropped=[2], barrierEpoch=0)
+    fake.add_pod("train-2")
+    return fake
+
+
 @pytest.mark.parametrize(
     ("rank", "world"),
     [
@@ -301,9 +309,7 @@ async def test_a_pod_mode_worker_outside_the_world_opens_its_probe_for_a_launche
 async def test_a_pod_mode_spare_that_joins_the_world_restarts_in_place_and_gets_its_rank(
     tmp_path: pathlib.Path,
 ) -> None:
-    fake = FakeApi(epoch=0)
-    fake.set_status(worldSize=2, dropped=[2], barrierEpoch=0)
-    fake.add_pod("train-2")
+    fake = two_and_a_spare()
     spare = spare_agent(tmp_path, fake, 2)
     async with running(spare) as task:
         await until(spare, lambda s: s.probe_open)
@@ -327,9 +333,7 @@ async def test_a_pod_mode_spare_without_the_launcher_keeps_its_probe_shut(
 ) -> None:
     """Its trainer would start with the pod's own environment: nothing holds it but the
     probe."""
-    fake = FakeApi(epoch=0)
-    fake.set_status(worldSize=2, dropped=[2], barrierEpoch=0)
-    fake.add_pod("train-2")
+    fake = two_and_a_spare()
     a = spare_agent(tmp_path, fake, 2, launched=False)
     async with running(a):
         port = await asyncio.wait_for(a.probe_port(), DEADLINE)
@@ -341,9 +345,7 @@ async def test_a_pod_mode_spare_without_the_launcher_keeps_its_probe_shut(
 async def test_a_pod_mode_spare_releases_its_launcher_when_the_job_finishes(
     tmp_path: pathlib.Path,
 ) -> None:
-    fake = FakeApi(epoch=0)
-    fake.set_status(worldSize=2, dropped=[2], barrierEpoch=0)
-    fake.add_pod("train-2")
+    fake = two_and_a_spare()
     a = spare_agent(tmp_path, fake, 2)
     async with running(a) as task:
         await until(a, lambda s: s.probe_open)
