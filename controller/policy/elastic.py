@@ -284,6 +284,9 @@ def resize(p: Pass) -> bool:
         out |= set(_to_spares(p, out, world - target))
     world = workers - len(out)
     dropped = sorted(out)
+    # Again over the final `out`: a worker this pass put out of the world (no spare, no
+    # capacity, a smaller size) whose node is lost gets its new pod now, not a pass later.
+    _renew_lost_spares(p, out)
     for pod in surplus(p.job, p.status, p.gang.strays):
         p.delete(pod, REASON_WORKER_REMOVED)
     if set(range(workers)) - out == _members_before(p):

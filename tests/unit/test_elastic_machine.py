@@ -558,3 +558,24 @@ def test_a_laggard_recreated_at_the_minimum_says_the_same_stuck_reason_twice() -
     m.gang_settles()  # asserts that planning again over each pass's outcome changes nothing
     status = m.job.status
     assert (status.world_size, status.dropped) == (1, [1])
+
+
+def test_a_worker_put_out_of_the_world_on_a_lost_node_is_renewed_in_the_same_pass() -> None:
+    # Found by the machine: 6 -> 1 with a spare while node-0 (workers 0 and 1) was lost.
+    # Worker 1 became the spare in that pass, yet its pod on the lost node was deleted only by
+    # the next pass, whose counts then differed (ready 1 -> 0).
+    m = ElasticMachine()
+    m.start(replicas=1, wait=0, spares=1, barrier_timeout=60)
+    m.node_added()
+    m.resize(replicas=6)
+    m.reconcile()
+    m.node_added()
+    m.kubelet()
+    m.node_lost(_Draw("node-2"))
+    m.reconcile()
+    m.node_lost(_Draw("node-0"))
+    m.resize(replicas=1)
+    m.reconcile()  # asserts that planning again over the pass's outcome changes nothing
+    status = m.job.status
+    assert (status.world_size, status.dropped) == (1, [1])
+    assert m.pods["llama-1"].deleted_at is not None  # the spare's pod on node-0 is renewed
