@@ -252,8 +252,22 @@ With `spec.elastic {minReplicas, maxReplicas}`, `spec.replicas` is the gang's de
 may change within the bounds (`kubectl patch`, or `gangjob scale NAME --replicas N`); a size
 outside them is refused at admission (`replicas must be within
 spec.elastic.minReplicas..spec.elastic.maxReplicas`), and without `spec.elastic` the apiserver
-refuses any change of `replicas`, as before. `elastic` is for a job written with `replicas` +
-`template`: with `spec.roles` it is refused (per-role elastic is not supported yet).
+refuses any change of `replicas`, as before.
+
+**An elastic role.** With `spec.roles`, `elastic` goes on the role that resizes,
+`spec.roles[].elastic` (on the spec it is refused: `elastic: with spec.roles, set elastic on the
+role that resizes`), and that role's `replicas` changes (`gangjob scale NAME --replicas N` sets
+it, as does a patch of the whole `spec.roles` list). Its workers are numbered after every other
+role's, so a resize renumbers nobody: only the **last** role of `spec.roles` may be elastic,
+every role of the job must be ranked, and the elastic role may not have `dependsOn` (it starts
+with the gang); each is refused at admission, naming the field. The other roles' workers are
+fixed members of every world: never dropped, never made spares, never replaced by a spare (a
+spare has the elastic role's template), and a lost one is always waited for, as the coordinator
+is. So `minReplicas` counts the elastic role alone: the world never falls below the other
+roles' workers plus `minReplicas`, and `WORLD_SIZE` is the sum. Everything below holds for an
+elastic role as for `spec.elastic`, its spares being pods of that role (`<job>-<role>-<index>`).
+Every role's trainer `command` is required: a fixed role's `WORLD_SIZE` changes with the
+elastic role's size, so every trainer gets the epoch's values from its agent.
 
 A change takes effect at the next epoch, in place: the surplus workers (the highest ranks) are
 stopped and their pods deleted, new workers are created at the next free ranks, and every kept
@@ -320,10 +334,11 @@ worker 0) is never replaced by a spare: every pod's `MASTER_ADDR` names its pod,
 waits for its new pod as without spares.
 
 A job queued by Kueue (label `kueue.x-k8s.io/queue-name`) keeps the size Kueue admitted: the
-admission policy of `manifests/policy` (`gangjob-queued-size`) refuses a new `replicas` for it;
+admission policy of `manifests/policy` (`gangjob-queued-size`) refuses a new `replicas` (or a
+role's) for it;
 it still shrinks and grows for capacity, which keeps its pods. With gang scheduling, the
-PodGroup's `minCount` is `minReplicas + spares` (the group `<job>-of-<minCount>`), so a resized
-gang keeps its PodGroup.
+PodGroup's `minCount` is `minReplicas + spares` (and the other roles' workers; the group
+`<job>-of-<minCount>`), so a resized gang keeps its PodGroup.
 """
 
 
@@ -515,7 +530,8 @@ Let the roles be `R_0 .. R_(n-1)` in the order of `spec.roles`, `ranked(R)` whet
 
 Once a GangJob exists, the apiserver refuses (CEL transition rules, the message naming the
 field) any change of {", ".join(f"`spec.{name}`" for name in IMMUTABLE_FIELDS)} (`replicas`
-may change within `spec.elastic`, see Elastic gangs): pods already
+may change within `spec.elastic`, and an elastic role's within its `elastic`: see Elastic
+gangs): pods already
 running would disagree with new ones about `{ENV_WORLD_SIZE}`, `{ENV_RANK}` or `{ENV_MASTER_ADDR}`.
 Everything else may change: e.g. `suspend`, `restart` (the budget `maxRestarts`, `backoffSeconds`,
 `barrierTimeoutSeconds`, `mode`), `failurePolicy`, `successPolicy`, `success`, `nodeLoss`,

@@ -184,11 +184,29 @@ _RULES_MAX: Final = 20
 _MATCHERS_MAX: Final = 20
 _MESSAGE_PATTERNS_MAX: Final = 8
 _ROLES_MAX: Final = 8
+_ROLE_INDEXES: Final = "[" + ", ".join(str(i) for i in range(_ROLES_MAX)) + "]"
 _ELASTIC_DROPPED_MAX: Final = 10000
 SPARES_NEED_IN_PLACE: Final = (
     "elastic.spares requires a restart mode that keeps the pods (Pod or Process), not "
     "spec.restart.mode Recreate: it creates every pod again at every restart, so no spare "
     "would ever be ready"
+)
+ROLE_REPLICAS_IN_BOUNDS: Final = (
+    "replicas must be within the role's elastic.minReplicas..elastic.maxReplicas"
+)
+ELASTIC_ROLE_DEPENDS: Final = (
+    "dependsOn: an elastic role starts with the gang: it may not depend on another role"
+)
+ELASTIC_ROLE_LAST: Final = (
+    "roles[].elastic: only the last role of spec.roles may be elastic: its workers are "
+    "numbered last, so that a resize renumbers no other worker"
+)
+ELASTIC_ROLES_RANKED: Final = (
+    "roles[].ranked: every role of a job with an elastic role must be ranked: the workers of "
+    "a role that is not are numbered after the ranks, and a resize would renumber them"
+)
+ELASTIC_ON_ROLE: Final = (
+    "elastic: with spec.roles, set elastic on the role that resizes (spec.roles[].elastic)"
 )
 _DEPENDENCIES_MAX: Final = 8
 # A role's name is part of its pods' names, `<job>-<role>-<index>`, which are DNS labels.
@@ -917,6 +935,18 @@ class RoleDependency(_Model):
     )
 
 
+def _immutable_field(field: str, name: str) -> JsonValue:
+    """A transition rule: `field` of the object may not change, appear or vanish."""
+    # Evaluated on updates only. Comparing presence first keeps a field that appeared or
+    # vanished (shorthand <-> roles) from slipping through.
+    return {
+        "rule": f"has(self.{field}) == has(oldSelf.{field}) && "
+        f"(!has(self.{field}) || self.{field} == oldSelf.{field})",
+        "message": f"{name} is immutable",
+        "fieldPath": f".{field}",
+    }
+
+
 class Role(_Model):
     """A group of identical workers: one pod template, `replicas` pods."""
 
@@ -936,6 +966,32 @@ class Role(_Model):
                     + _TRAINER_RESTARTS_MESSAGE,
                     "fieldPath": ".template.spec.containers",
                 },
+                {
+                    "rule": "!has(self.elastic) || (self.replicas >= self.elastic.minReplicas "
+                    "&& self.replicas <= self.elastic.maxReplicas)",
+                    "message": ROLE_REPLICAS_IN_BOUNDS,
+                    "fieldPath": ".replicas",
+                },
+                {
+                    "rule": "!has(self.elastic) || !has(self.dependsOn) || "
+                    "self.dependsOn.size() == 0",
+                    "message": ELASTIC_ROLE_DEPENDS,
+                    "fieldPath": ".dependsOn",
+                },
+                # Transition rules, item by item (`spec.roles` is a map keyed by name; the
+                # spec's rule keeps its names and order): a role is fixed once created, but
+                # an elastic role's `replicas` (and its `elastic`).
+                {
+                    "rule": "self.replicas == oldSelf.replicas || "
+                    "(has(self.elastic) && has(oldSelf.elastic))",
+                    "message": "spec.roles[].replicas is immutable unless the role's elastic "
+                    "is set (and was set before this change)",
+                    "fieldPath": ".replicas",
+                },
+                *(
+                    _immutable_field(field, f"spec.roles[].{field}")
+                    for field in ("template", "trainerContainer", "ranked", "dependsOn")
+                ),
             ],
         },
     )
@@ -968,12 +1024,29 @@ class Role(_Model):
         description="Roles that must reach a status before this role's pods are created. Each "
         "must be an earlier role of `spec.roles`.",
     )
+    elastic: ElasticSpec | None = Field(
+        default=None,
+        description="Makes this role elastic, as `spec.elastic` does a job of one role: its "
+        "`replicas` may change within `[minReplicas, maxReplicas]`, a change resizes the gang "
+        "in place at the next epoch, and `spares` are workers of this role. Only the last "
+        "role of `spec.roles`, in a job whose roles are all ranked, and not with `dependsOn`; "
+        "every role's trainer `command` is required. Unset: `replicas` is immutable.",
+    )
 
     @field_validator("template")
     @classmethod
     def _template_has_containers(cls, template: dict[str, Any]) -> dict[str, Any]:
         _template_container_names(template)
         return template
+
+    @model_validator(mode="after")
+    def _elastic_bounds(self) -> Self:
+        if self.elastic is not None:
+            if not self.elastic.min_replicas <= self.replicas <= self.elastic.max_replicas:
+                raise ValueError(f"roles[{self.name}].{ROLE_REPLICAS_IN_BOUNDS}")
+            if self.depends_on:
+                raise ValueError(f"roles[{self.name}].{ELASTIC_ROLE_DEPENDS}")
+        return self
 
     @model_validator(mode="after")
     def _trainer_exists(self) -> Self:
@@ -1022,6 +1095,24 @@ class RoleSuccess(_Model):
 
 
 @dataclass(frozen=True)
+class Elasticity:
+    """An elastic gang's bounds and the workers they bound (docs/design.md section 3.12): the
+    workers numbered from `first` on, those of the elastic role (every worker of a job of one
+    role). The workers below `first`, of the other roles, are always in the world: never
+    dropped, spared or removed by a resize."""
+
+    bounds: ElasticSpec
+    first: int
+    field: str
+    """Where the bounds are written, for messages: `spec.elastic`, `spec.roles[NAME].elastic`."""
+
+    @property
+    def min_world(self) -> int:
+        """The fewest workers the gang's world may have: the fixed roles' and `minReplicas`."""
+        return self.first + self.bounds.min_replicas
+
+
+@dataclass(frozen=True)
 class WorkerSlot:
     """One worker of the gang: its role, its index in the role, its global `RANK` (None in a
     role that is not ranked), and its number in the gang (`gangjob.io/rank`)."""
@@ -1038,6 +1129,18 @@ def _role_names_exist(names: str) -> str:
 
 
 def _immutable(field: str) -> JsonValue:
+    if field == "roles":
+        # The same roles in the same order; each role's own rules keep its fields (but an
+        # elastic role's replicas).
+        return {
+            "rule": "has(self.roles) == has(oldSelf.roles) && (!has(self.roles) || "
+            "(self.roles.size() == oldSelf.roles.size() && "
+            f"{_ROLE_INDEXES}.all(i, i >= self.roles.size() || "
+            "self.roles[i].name == oldSelf.roles[i].name)))",
+            "message": "spec.roles is immutable (but an elastic role's replicas): the same "
+            "roles, in the same order",
+            "fieldPath": ".roles",
+        }
     if field == "replicas":
         # Elastic jobs resize by `replicas`, within their bounds (a rule of its own).
         return {
@@ -1047,14 +1150,7 @@ def _immutable(field: str) -> JsonValue:
             "before this change)",
             "fieldPath": ".replicas",
         }
-    # A transition rule: evaluated on updates only. Comparing presence first keeps a field
-    # that appeared or vanished (shorthand <-> roles) from slipping through.
-    return {
-        "rule": f"has(self.{field}) == has(oldSelf.{field}) && "
-        f"(!has(self.{field}) || self.{field} == oldSelf.{field})",
-        "message": f"spec.{field} is immutable",
-        "fieldPath": f".{field}",
-    }
+    return _immutable_field(field, f"spec.{field}")
 
 
 IMMUTABLE_FIELDS: Final = ("replicas", "template", "roles", "coordinator", "masterPort")
@@ -1140,13 +1236,28 @@ _SPEC_RULES: Final[list[JsonValue]] = [
             ),
             ("has(self.nprocPerNode)", "spec.nprocPerNode"),
             ("has(self.elastic)", "spec.elastic"),
+            (
+                "has(self.roles) && self.roles.exists(r, has(r.elastic))",
+                "an elastic role (spec.roles[].elastic)",
+            ),
         )
     ),
     {
         "rule": "!has(self.elastic) || has(self.replicas)",
-        "message": "elastic: per-role elastic is not supported yet: set spec.elastic only with "
-        "spec.replicas and spec.template",
+        "message": ELASTIC_ON_ROLE,
         "fieldPath": ".elastic",
+    },
+    {
+        "rule": "!has(self.roles) || !self.roles.exists(r, has(r.elastic) && "
+        "has(r.elastic.spares) && r.elastic.spares > 0) || "
+        "!has(self.restart) || !has(self.restart.mode) || "
+        + " && ".join(
+            f"self.restart.mode != '{mode}'"
+            for mode, meaning in RESTART_MODES.items()
+            if not meaning.in_place
+        ),
+        "message": "roles[]." + SPARES_NEED_IN_PLACE,
+        "fieldPath": ".roles",
     },
     {
         "rule": "!has(self.elastic) || !has(self.elastic.spares) || self.elastic.spares == 0 || "
@@ -1169,7 +1280,6 @@ _SPEC_RULES: Final[list[JsonValue]] = [
     *(_immutable(name) for name in IMMUTABLE_FIELDS),
 ]
 
-_ROLE_INDEXES: Final = "[" + ", ".join(str(i) for i in range(_ROLES_MAX)) + "]"
 
 _ROLES_RULES: Final[list[JsonValue]] = [
     {
@@ -1183,6 +1293,14 @@ _ROLES_RULES: Final[list[JsonValue]] = [
     {
         "rule": "self.exists(r, !has(r.ranked) || r.ranked)",
         "message": "at least one role must be ranked",
+    },
+    {
+        "rule": f"{_ROLE_INDEXES}.all(i, i >= self.size() - 1 || !has(self[i].elastic))",
+        "message": ELASTIC_ROLE_LAST,
+    },
+    {
+        "rule": "!has(self[self.size() - 1].elastic) || self.all(r, !has(r.ranked) || r.ranked)",
+        "message": ELASTIC_ROLES_RANKED,
     },
 ]
 
@@ -1325,9 +1443,9 @@ class GangJobSpec(_Model):
         "`[minReplicas, maxReplicas]`, and a change resizes the gang in place at the next "
         "epoch (surplus workers, the highest indices, deleted; new ones created; every kept "
         "worker restarted in place with the new `WORLD_SIZE`). Only with `replicas` + "
-        "`template` (per-role elastic is refused). The trainer's `command` is required: the "
-        "agent runs it with the epoch's `RANK` and `WORLD_SIZE`. Unset: `replicas` is "
-        "immutable.",
+        "`template` (with `spec.roles`, set `elastic` on a role). The trainer's `command` is "
+        "required: the agent runs it with the epoch's `RANK` and `WORLD_SIZE`. Unset: "
+        "`replicas` is immutable.",
     )
     nproc_per_node: NprocPerNode | None = Field(
         default=None,
@@ -1356,10 +1474,7 @@ class GangJobSpec(_Model):
             raise ValueError("template: spec.replicas and spec.template go together")
         if self.elastic is not None:
             if self.replicas is None:
-                raise ValueError(
-                    "elastic: per-role elastic is not supported yet: set spec.elastic only "
-                    "with spec.replicas and spec.template"
-                )
+                raise ValueError(ELASTIC_ON_ROLE)
             if not self.elastic.min_replicas <= self.replicas <= self.elastic.max_replicas:
                 raise ValueError(
                     "replicas must be within spec.elastic.minReplicas..spec.elastic.maxReplicas"
@@ -1392,6 +1507,14 @@ class GangJobSpec(_Model):
                     )
         if not any(role.ranked for role in roles):
             raise ValueError("roles: at least one role must be ranked")
+        if any(role.elastic is not None for role in roles[:-1]):
+            raise ValueError(ELASTIC_ROLE_LAST)
+        elastic = roles[-1].elastic
+        if self.roles is not None and elastic is not None:
+            if not all(role.ranked for role in roles):
+                raise ValueError(ELASTIC_ROLES_RANKED)
+            if elastic.spares and not RESTART_MODES[self.restart.mode].in_place:
+                raise ValueError("roles[]." + SPARES_NEED_IN_PLACE)
         coordinator = self.coordinator
         if coordinator is not None:
             target = next((r for r in roles if r.name == coordinator.role), None)
@@ -1430,7 +1553,12 @@ class GangJobSpec(_Model):
         `replicas`, `template` and `trainerContainer`. The one place the shorthand becomes a
         role; everything downstream reads roles."""
         if self.roles is not None:
-            return tuple(self.roles)
+            last = self.roles[-1]
+            if last.elastic is None or not last.elastic.spares:
+                return tuple(self.roles)
+            # The elastic role's spares are workers of it, numbered after its replicas.
+            spares = last.elastic.spares
+            return (*self.roles[:-1], last.model_copy(update={"replicas": last.replicas + spares}))
         # `_one_form` holds: the shorthand has both.
         assert self.replicas is not None
         assert self.template is not None
@@ -1448,6 +1576,17 @@ class GangJobSpec(_Model):
                 depends_on=[],
             ),
         )
+
+    @cached_property
+    def elasticity(self) -> Elasticity | None:
+        """What makes the gang elastic, if anything: `spec.elastic`, or the elastic role's
+        (the last of `spec.roles`, whose workers are numbered last)."""
+        if self.elastic is not None:
+            return Elasticity(self.elastic, 0, "spec.elastic")
+        if self.roles is not None and (bounds := self.roles[-1].elastic) is not None:
+            fixed = sum(role.replicas for role in self.roles[:-1])
+            return Elasticity(bounds, fixed, f"spec.roles[{self.roles[-1].name}].elastic")
+        return None
 
     @property
     def shorthand(self) -> bool:

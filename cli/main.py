@@ -213,12 +213,15 @@ def parser(prog: str = "gangjob") -> argparse.ArgumentParser:
         parents=[common],
         help="resize an elastic gang in place",
         description="Set an elastic GangJob's spec.replicas (within spec.elastic.minReplicas.."
-        "maxReplicas): at its next epoch the gang restarts in place at the new size, surplus "
+        "maxReplicas), or its elastic role's (spec.roles[].elastic, the last role, within its "
+        "bounds): at its next epoch the gang restarts in place at the new size, surplus "
         "workers (the highest ranks) deleted, new ones created, every kept worker given the new "
         "WORLD_SIZE.",
     )
     scale.add_argument("job", help="the GangJob's name")
-    scale.add_argument("--replicas", type=int, required=True, help="the new gang size")
+    scale.add_argument(
+        "--replicas", type=int, required=True, help="the new gang size (or elastic role size)"
+    )
     scale.add_argument(
         "--wait", action="store_true", help="wait until the gang runs at the new size"
     )

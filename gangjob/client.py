@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import itertools
 import os
 import sys
 import threading
@@ -24,12 +25,16 @@ from typing import Any, Self, TextIO, TypeVar
 import yaml
 
 from api.constants import ANNOTATION_RESTART
-from controller.k8s import CONFIGMAPS, GANGJOBS, JsonDict, Kube
+from controller.k8s import CONFIGMAPS, GANGJOBS, Conflict, JsonDict, Kube
 from gangjob import spec as specmod
 from gangjob.logs import stream_logs
 from gangjob.model import TERMINAL, Job
 
 T = TypeVar("T")
+
+
+SCALE_ATTEMPTS = 5
+"""Conditional patches of a job with roles that `scale` tries before giving up to conflicts."""
 
 
 class JobError(RuntimeError):
@@ -244,32 +249,53 @@ class AsyncClient:
         self, name: str, replicas: int, *, wait: bool = False, timeout: float | None = None,
         namespace: str | None = None,
     ) -> Job:  # fmt: skip
-        """Resizes an elastic GangJob (`spec.elastic`): sets `spec.replicas`, which the gang
-        takes at its next epoch, in place. Raises JobError for a job that is not elastic, has
-        finished, or a size outside its bounds (the apiserver's refusal names the field). With
-        `wait`, returns once the gang runs at the new size (or the job has ended)."""
+        """Resizes an elastic GangJob: sets `spec.replicas` (`spec.elastic`), or its elastic
+        role's `replicas` (`spec.roles[].elastic`, the last role), which the gang takes at its
+        next epoch, in place. Raises JobError for a job that is not elastic, has finished, or a
+        size outside its bounds (the apiserver's refusal names the field). With `wait`,
+        returns once the gang runs at the new size (or the job has ended)."""
         ns = namespace or self.namespace
-        job = await self.get(name, namespace=ns)
-        if job.finished:
-            raise JobError(f"{name}: the job has {job.phase.lower()}; nothing to scale")
-        elastic = job.resource.spec.elastic
-        if elastic is None:
-            raise JobError(f"{name}: spec.elastic is not set: its replicas are immutable")
-        if not elastic.min_replicas <= replicas <= elastic.max_replicas:
-            raise JobError(
-                f"--replicas {replicas}: must be within spec.elastic.minReplicas.."
-                f"maxReplicas ({elastic.min_replicas}..{elastic.max_replicas})"
-            )
-        job = Job.from_api(
-            await self.kube.patch(GANGJOBS, name, {"spec": {"replicas": replicas}}, ns)
-        )
+        for attempt in itertools.count(1):
+            raw = await self.get_raw(name, namespace=ns)
+            job = Job.from_api(raw)
+            if job.finished:
+                raise JobError(f"{name}: the job has {job.phase.lower()}; nothing to scale")
+            spec = job.resource.spec
+            elastic = spec.elasticity
+            if elastic is None:
+                raise JobError(
+                    f"{name}: neither spec.elastic nor spec.roles[].elastic is set: its "
+                    "replicas are immutable"
+                )
+            bounds = elastic.bounds
+            if not bounds.min_replicas <= replicas <= bounds.max_replicas:
+                raise JobError(
+                    f"--replicas {replicas}: must be within {elastic.field}.minReplicas.."
+                    f"maxReplicas ({bounds.min_replicas}..{bounds.max_replicas})"
+                )
+            patch: JsonDict = {"spec": {"replicas": replicas}}
+            if spec.roles is not None:
+                # A merge patch replaces a list whole: the roles as read, the last one
+                # resized, and only if nobody changed the job since (the resourceVersion;
+                # the controller's status writes move it too: read again and retry).
+                roles = [dict(role) for role in raw["spec"]["roles"]]
+                roles[-1]["replicas"] = replicas
+                version = raw["metadata"]["resourceVersion"]
+                patch = {"metadata": {"resourceVersion": version}, "spec": {"roles": roles}}
+            world = elastic.first + replicas
+            try:
+                job = Job.from_api(await self.kube.patch(GANGJOBS, name, patch, ns))
+                break
+            except Conflict:
+                if attempt >= SCALE_ATTEMPTS:
+                    raise
         if not wait:
             return job
 
         def resized(j: Job) -> bool:
             status = j.resource.status
             return j.finished or (
-                status.world_size == replicas and status.barrier_epoch == status.epoch
+                status.world_size == world and status.barrier_epoch == status.epoch
             )
 
         return await self.wait(name, until=resized, timeout=timeout, namespace=ns)

@@ -1,5 +1,6 @@
 """Elastic gangs (docs/design.md section 3.12): `status.worldSize`, the `WORLD_SIZE` of
-`status.epoch`, and the resizes of a gang with `spec.elastic`, each one more reason for an
+`status.epoch`, and the resizes of a gang with `spec.elastic` (or an elastic role,
+`spec.roles[].elastic`: its workers numbered last), each one more reason for an
 epoch (one bump, class `Resized`, not counted):
 
 - `replicas` changed: the surplus workers (the highest numbers) deleted, the new ones created
@@ -33,7 +34,7 @@ from api.constants import (
     REASON_WORKER_REMOVED,
 )
 from api.failures import FailureClass
-from api.v1alpha1 import ElasticSpec, FailureAction, Place, RestartRecord, RestartTrigger
+from api.v1alpha1 import Elasticity, FailureAction, Place, RestartRecord, RestartTrigger
 from controller.policy import restart
 from controller.policy.gang import (
     POD_RUNNING,
@@ -74,18 +75,21 @@ def swap_text(spare: int, worker: int) -> str:
 def _to_drop(p: Pass, world: int, minimum: int, bumping: bool = False) -> list[int]:
     """Workers the gang waits for at a shut barrier whose pods found no node for
     `waitSeconds`: as many as keep the world at `minimum` or above; never the coordinator
-    (worker 0 unless `spec.coordinator` says), whose pod is `MASTER_ADDR`. Requeues the pass
+    (worker 0 unless `spec.coordinator` says), whose pod is `MASTER_ADDR`, nor a worker of a
+    role that is not elastic (below `Elasticity.first`). Requeues the pass
     for when the next would be due. With the barrier open, only when this pass bumps anyway
     (`bumping`, a change of `replicas`): the bump takes them, or the next pass, behind the
     shut barrier, would bump again for them."""
     if p.status.barrier_epoch == p.status.epoch and not bumping:
         return []
-    elastic = p.job.spec.elastic
+    elastic = p.job.spec.elasticity
     assert elastic is not None
-    wait = timedelta(seconds=elastic.wait_seconds)
+    wait = timedelta(seconds=elastic.bounds.wait_seconds)
     due: list[int] = []
     coordinator = p.job.spec.coordinator_worker.worker
     for worker in p.active():
+        if worker < elastic.first:
+            continue
         pod = p.gang.live.get(worker)
         since = None if pod is None or worker == coordinator else unschedulable_since(pod)
         if since is None:
@@ -111,11 +115,11 @@ def _to_add(p: Pass, dropped: list[int]) -> list[int]:
     ]
     if not placed:
         return []
-    elastic = p.job.spec.elastic
+    elastic = p.job.spec.elasticity
     assert elastic is not None
     last = last_elastic_change(restart.restart_records(p.status.last_restart, p.status.history))
     if last is not None:
-        ready_at = last + timedelta(seconds=elastic.grow_after_seconds)
+        ready_at = last + timedelta(seconds=elastic.bounds.grow_after_seconds)
         if p.now < ready_at:
             p.requeue((ready_at - p.now).total_seconds())
             return []
@@ -132,9 +136,9 @@ def _joiners_pending(p: Pass, spanned: int) -> bool:
     nobody trains, and the bump goes at once, as before."""
     if p.status.barrier_epoch != p.status.epoch:
         return False
-    elastic = p.job.spec.elastic
+    elastic = p.job.spec.elasticity
     assert elastic is not None
-    wait = timedelta(seconds=elastic.wait_seconds)
+    wait = timedelta(seconds=elastic.bounds.wait_seconds)
     pending = False
     for worker in range(spanned, len(p.job.spec.workers)):
         pod = p.gang.live.get(worker)
@@ -168,14 +172,18 @@ def _ready_spares(p: Pass, out: set[int]) -> list[int]:
 
 
 def _recreated_members(p: Pass, out: set[int]) -> list[int]:
-    """The workers of the world that this pass's bump recreates, but the coordinator: its pod
-    is `MASTER_ADDR`, fixed in every worker's environment, so it is always waited for."""
+    """The workers of the elastic role's world that this pass's bump recreates, but the
+    coordinator: its pod is `MASTER_ADDR`, fixed in every worker's environment, so it is
+    always waited for (as are the other roles' workers: no spare has their template)."""
     started = p.restart_started
-    if started is None:
+    elastic = p.job.spec.elasticity
+    if started is None or elastic is None:
         return []
     coordinator = p.job.spec.coordinator_worker.worker
     recreated = started.recreated_ranks(len(p.job.spec.workers))
-    return [w for w in sorted(recreated) if w not in out and w != coordinator]
+    return [
+        w for w in sorted(recreated) if w not in out and w != coordinator and w >= elastic.first
+    ]
 
 
 def _renew_lost_spares(p: Pass, out: set[int]) -> None:
@@ -190,9 +198,12 @@ def _renew_lost_spares(p: Pass, out: set[int]) -> None:
 
 def _to_spares(p: Pass, out: set[int], count: int) -> list[int]:
     """`count` workers of the world to become spares (the size shrank, or spares were added):
-    the highest numbers, never the coordinator."""
+    the highest numbers of the elastic role, never the coordinator."""
+    elastic = p.job.spec.elasticity
+    assert elastic is not None
     coordinator = p.job.spec.coordinator_worker.worker
-    members = [w for w in range(len(p.job.spec.workers)) if w not in out and w != coordinator]
+    numbers = range(elastic.first, len(p.job.spec.workers))
+    members = [w for w in numbers if w not in out and w != coordinator]
     return members[::-1][:count]
 
 
@@ -211,12 +222,12 @@ def _members_before(p: Pass) -> set[int]:
     return set(range(spanned)) - set(p.status.dropped)
 
 
-def _first_pass(p: Pass, elastic: ElasticSpec | None) -> None:
+def _first_pass(p: Pass, elastic: Elasticity | None) -> None:
     """The world of epoch 0: every worker but the spares, the highest numbers but the
     coordinator."""
     workers = len(p.job.spec.workers)
-    if elastic is not None and elastic.spares:
-        p.status.dropped = sorted(_to_spares(p, set(), elastic.spares))
+    if elastic is not None and elastic.bounds.spares:
+        p.status.dropped = sorted(_to_spares(p, set(), elastic.bounds.spares))
     p.status.world_size = workers - len(p.dropped())
 
 
@@ -230,12 +241,13 @@ def resize(p: Pass) -> bool:
     above it, the highest numbers become spares."""
     workers = len(p.job.spec.workers)
     old = p.status.world_size
-    elastic = p.job.spec.elastic
+    elasticity = p.job.spec.elasticity
     if old is None:
-        _first_pass(p, elastic)
+        _first_pass(p, elasticity)
         return False
-    if elastic is None:
+    if elasticity is None:
         return False
+    elastic, minimum = elasticity.bounds, elasticity.min_world
     target = workers - elastic.spares
     out = set(p.dropped())
     _renew_lost_spares(p, out)
@@ -261,15 +273,13 @@ def resize(p: Pass) -> bool:
         out = (out - {spare}) | {worker}
         # The spare is ranked where the lost worker was: its RANK, and nobody else's moves.
         places[spare] = places.pop(worker, worker)
-    room = max(0, workers - len(out) - elastic.min_replicas)
+    room = max(0, workers - len(out) - minimum)
     gone = lost[:room] if elastic.wait_seconds == 0 else []
     if gone:
         out |= set(gone)
         reasons.append(WHY_NO_SPARE)
     bumping = WHY_REPLICAS in reasons
-    waited = [
-        w for w in _to_drop(p, workers - len(out), elastic.min_replicas, bumping) if w not in out
-    ]
+    waited = [w for w in _to_drop(p, workers - len(out), minimum, bumping) if w not in out]
     if waited:
         out |= set(waited)
         reasons.append(WHY_NO_CAPACITY)
@@ -279,9 +289,25 @@ def resize(p: Pass) -> bool:
         if added:
             out -= set(added)
             reasons.append(WHY_CAPACITY)
+            # The larger world may now go on without workers it had to wait for at its
+            # minimum: in this bump, or the next pass would bump again for them.
+            more = [w for w in _to_drop(p, workers - len(out), minimum, True) if w not in out]
+            if more:
+                out |= set(more)
+                waited += more
+                if WHY_NO_CAPACITY not in reasons:
+                    reasons.append(WHY_NO_CAPACITY)
     world = workers - len(out)
     if world > target:
         out |= set(_to_spares(p, out, world - target))
+    world = workers - len(out)
+    if world < minimum:
+        # A smaller size took members while others were out for want of capacity: the gang
+        # never runs below its minimum, so some come back, the ready spares first, and the
+        # gang waits for the rest (`Stuck`: ElasticAtMinimum).
+        ready = _ready_spares(p, out)
+        back = [*ready, *sorted(out - set(ready))][: minimum - world]
+        out -= set(back)
     world = workers - len(out)
     dropped = sorted(out)
     # Again over the final `out`: a worker this pass put out of the world (no spare, no

@@ -60,7 +60,7 @@ def _decisions(p: Pass) -> list[Decision]:
             # So is a worker an elastic resize adds (numbered past the epoch's world): it has
             # never run, and the resize's own bump creates it.
             spanned = epoch_workers(p.status)
-            joining = p.job.spec.elastic is not None and spanned is not None and rank >= spanned
+            joining = p.job.spec.elasticity is not None and spanned is not None and rank >= spanned
             failure = None if p.started_late(rank) or joining else classify.missing(ctx, rank)
         elif not at_epoch(pod, p.status.epoch) or p.superseded(rank, pod):
             continue

@@ -83,7 +83,7 @@ def surplus(job: GangJob, status: GangJobStatus, strays: Sequence[PodView]) -> l
     """The pods of the workers an elastic resize removes (docs/design.md section 3.12): strays
     numbered at or above the job's new size and below the numbers the epoch spans."""
     spanned = epoch_workers(status)
-    if job.spec.elastic is None or spanned is None:
+    if job.spec.elasticity is None or spanned is None:
         return []
     new = len(job.spec.workers)
     return [pod for pod in strays if pod.rank is not None and new <= pod.rank < spanned]

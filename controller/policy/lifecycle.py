@@ -284,7 +284,7 @@ def lost_nodes(p: Pass) -> list[str]:
 def _out_of_world(p: Pass) -> frozenset[int]:
     """The workers of an elastic gang outside the world of `status.epoch`: `status.dropped`,
     and the numbers past it (a grow's new workers, until its bump)."""
-    if p.job.spec.elastic is None:
+    if p.job.spec.elasticity is None:
         return frozenset()
     spanned = epoch_workers(p.status)
     beyond = range(spanned, len(p.job.spec.workers)) if spanned is not None else range(0)

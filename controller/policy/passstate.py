@@ -327,7 +327,7 @@ class Pass:
     def dropped(self) -> frozenset[int]:
         """The workers an elastic gang goes on without at `status.epoch` (docs/design.md
         section 3.12): their pods are kept, pending, but nobody waits for them."""
-        if self.job.spec.elastic is None:
+        if self.job.spec.elasticity is None:
             return frozenset()
         return frozenset(d for d in self.status.dropped if d < len(self.job.spec.workers))
 

@@ -454,7 +454,7 @@ def _add_sidecar(w: _Shaping) -> None:
     worker stays terminated and the controller recreates it."""
     trainer, spec = w.trainer, w.spec
     # An elastic gang's trainer learns its epoch's RANK and WORLD_SIZE from the launcher.
-    launched = w.job.spec.nproc_per_node is not None or w.job.spec.elastic is not None
+    launched = w.job.spec.nproc_per_node is not None or w.job.spec.elasticity is not None
     trainer["env"] = _merge_env(trainer.get("env") or [], _progress_env())
     if launched:
         # The launcher writes its trainer's success there (`TRAINER_EXIT_FILE`).
@@ -668,7 +668,7 @@ def _agent_env(job: GangJob) -> list[dict[str, Any]]:
         {"name": ENV_AGENT_PORT, "value": str(DEFAULT_AGENT_PORT)},
         {"name": ENV_DIR, "value": DEFAULT_DIR},
         *progress,
-        *([_agent_rank_env()] if job.spec.elastic is not None else []),
+        *([_agent_rank_env()] if job.spec.elasticity is not None else []),
     ]
 
 

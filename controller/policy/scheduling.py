@@ -46,12 +46,13 @@ POD_GROUP_TEMPLATE: Final = "workers"
 
 
 def gang_size(job: GangJob) -> int:
-    """The PodGroup's quorum: the workers of every role; an elastic gang's `minReplicas`, the
-    fewest it runs with, so that a resize keeps its PodGroup (its workers, old and new, stay
-    linked to one group, whose bound pods already make the quorum), and its spares, which
-    are scheduled with it."""
-    if job.spec.elastic is not None:
-        return job.spec.elastic.min_replicas + job.spec.elastic.spares
+    """The PodGroup's quorum: the workers of every role; an elastic gang's `minReplicas` (and
+    its other roles' workers), the fewest it runs with, so that a resize keeps its PodGroup
+    (its workers, old and new, stay linked to one group, whose bound pods already make the
+    quorum), and its spares, which are scheduled with it."""
+    elastic = job.spec.elasticity
+    if elastic is not None:
+        return elastic.min_world + elastic.bounds.spares
     return len(job.spec.workers)
 
 

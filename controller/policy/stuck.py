@@ -244,10 +244,10 @@ def elastic_at_minimum(p: Pass) -> Cause | None:
     """An elastic gang at a shut barrier waits for workers whose pods no node has taken for
     `elastic.waitSeconds`, and cannot go on without them: it is at `minReplicas`, or one is
     the coordinator, `MASTER_ADDR` (docs/design.md section 3.12)."""
-    elastic = p.job.spec.elastic
+    elastic = p.job.spec.elasticity
     if elastic is None or p.status.barrier_epoch == p.status.epoch or p.is_finished():
         return None
-    wait = timedelta(seconds=elastic.wait_seconds)
+    wait = timedelta(seconds=elastic.bounds.wait_seconds)
     # Not a pod this pass deletes (a laggard recreated): the next pass, which sees it
     # terminating, must say the same.
     staying = p.staying()
@@ -263,16 +263,18 @@ def elastic_at_minimum(p: Pass) -> Cause | None:
     named = "; ".join(_laggard(p, w, staying.get(w)) for w in waiting[:SHOWN])
     more = f"; and {len(waiting) - SHOWN} more" if len(waiting) > SHOWN else ""
     coordinator = p.job.spec.coordinator_worker.worker
-    why = (
-        f"worker {coordinator} holds MASTER_ADDR"
-        if coordinator in waiting
-        else f"the gang is at spec.elastic.minReplicas ({elastic.min_replicas})"
-    )
+    minimum = f"{elastic.field}.minReplicas"
+    if coordinator in waiting:
+        why = f"worker {coordinator} holds MASTER_ADDR"
+    elif waiting[0] < elastic.first:
+        why = f"worker {waiting[0]} is of a role that is not elastic"
+    else:
+        why = f"the gang is at {minimum} ({elastic.bounds.min_replicas})"
     return (
         REASON_ELASTIC_AT_MINIMUM,
         f"{len(waiting)} workers cannot be placed and the gang cannot go on without them: "
         f"{why}: {named}{more}. Fix: make room for them (nodes, quota), or lower "
-        "spec.elastic.minReplicas.",
+        f"{minimum}.",
     )
 
 

@@ -295,4 +295,4 @@ async def test_scale_resizes_an_elastic_gang_in_place(
     await gang.create("fixed", 1)
     code, _, err = await gangjob(kubeconfig, "scale", "-n", gang.ns, "fixed", "--replicas", "2")
     assert code == 2
-    assert "spec.elastic is not set" in err
+    assert "neither spec.elastic nor spec.roles[].elastic is set" in err

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import time
+from typing import Any
 
 import pytest
 
@@ -29,7 +31,8 @@ from controller.k8s import (
     Kube,
     NotFound,
 )
-from localcluster.cluster import Cluster, Options, kwok_node
+from gangjob.client import AsyncClient
+from localcluster.cluster import SIMULATED_KUBELET_LABEL, Cluster, Options, kwok_node
 from localcluster.simkubelet import SimKubelet
 from localcluster.tools import REPO, kubectl
 from tests.integration.harness import install_crd, watch_job
@@ -246,6 +249,25 @@ async def test_a_job_queued_by_kueue_keeps_the_size_kueue_admitted(
     await sim_kube.patch(
         GANGJOBS, "queued", {"metadata": {"annotations": {"note": "x"}}}, namespace
     )
+    # An elastic role's size as well.
+    body = gangjob("queued-roles", 1, labels={KUEUE_QUEUE_NAME_LABEL: "team-a"},
+                   image="localhost/busybox:dev", command=["sleep", "1"],
+                   spec={"suspend": True})  # fmt: skip
+    template = body["spec"].pop("template")
+    body["spec"].pop("replicas")
+    body["spec"]["roles"] = [
+        {"name": "leader", "replicas": 1, "template": template},
+        {"name": "worker", "replicas": 2, "template": template,
+         "elastic": {"minReplicas": 1, "maxReplicas": 4}},
+    ]  # fmt: skip
+    await sim_kube.create(GANGJOBS, body, namespace)
+    body["spec"]["roles"][1]["replicas"] = 3
+    with pytest.raises(ApiError) as caught:
+        await sim_kube.patch(
+            GANGJOBS, "queued-roles", {"spec": {"roles": body["spec"]["roles"]}}, namespace
+        )
+    assert "spec.roles[].replicas: a GangJob queued by Kueue" in caught.value.message
+    assert "keeps the size Kueue admitted (leader 1, worker 2)" in caught.value.message
 
 
 @pytest.mark.parametrize("mode", ["Process", "Pod"])
@@ -369,3 +391,99 @@ async def _add_node(gang: Gang, name: str) -> None:  # noqa: F811 (the fixture's
         await asyncio.sleep(0.2)
     await asyncio.sleep(1.0)
     await gang.kube.patch(NODES, name, {"spec": {"unschedulable": False}})
+
+
+def _roles_body(gang: Gang, name: str, workers: int, **elastic: Any) -> JsonDict:  # noqa: F811
+    """`leader` (1, the coordinator), then `worker`, elastic: the job `Gang.create` makes,
+    in roles."""
+    body = gangjob(
+        name, 1,
+        image="localhost/busybox:dev", command=["sh", "-c", "sleep infinity"],
+        pod_spec={"nodeSelector": {"gangjob-test": gang.ns}},
+        pod_labels={SIMULATED_KUBELET_LABEL: "true"},
+        spec={"restart": {"mode": "Process"}},
+    )  # fmt: skip
+    spec = body["spec"]
+    template = spec.pop("template")
+    spec.pop("replicas")
+    spec["roles"] = [
+        {"name": "leader", "replicas": 1, "template": template},
+        {"name": "worker", "replicas": workers, "template": template,
+         "elastic": {"minReplicas": 1, "maxReplicas": 4, **elastic}},
+    ]  # fmt: skip
+    return body
+
+
+async def test_an_elastic_role_resizes_in_place_around_the_fixed_roles(
+    gang: Gang,  # noqa: F811 (the fixture)
+) -> None:
+    await gang.kube.create(GANGJOBS, _roles_body(gang, "er", 2), gang.ns)
+    job = await gang.running_at("er", 0, 3)
+    assert job["status"]["worldSize"] == 3
+    before = uids(await gang.pods("er"))
+    assert set(before) == {"er-leader-0", "er-worker-0", "er-worker-1"}
+    client = AsyncClient(gang.kube, gang.ns)
+
+    # Grow the role 2 -> 3 (`gangjob scale`): one new pod, the others restart in place, and
+    # the leader's trainer too learns the new WORLD_SIZE.
+    await client.scale("er", 3)
+    job = await gang.running_at("er", 1, 4)
+    last = job["status"]["lastRestart"]
+    assert last["trigger"]["detail"] == "resized 3 -> 4 (replicas changed)"
+    after = uids(await gang.pods("er"))
+    assert {n: after[n] for n in before} == before
+    assert set(after) == {*before, "er-worker-2"}
+    await gang.agents_at(1, list(after))
+    ranks = {"er-leader-0": 0, "er-worker-0": 1, "er-worker-1": 2, "er-worker-2": 3}
+    for name, rank in ranks.items():
+        assert world_seen(gang.sim, name, "Process") == {
+            "GANGJOB_EPOCH": "1", "RANK": str(rank), "WORLD_SIZE": "4", "PET_NNODES": "4",
+        }  # fmt: skip
+
+    # Shrink it 3 -> 1: its highest workers go; the leader and worker 0 stay, in place.
+    done = await client.scale("er", 1, wait=True, timeout=60)
+    assert done.resource.status.world_size == 2
+    kept = {n: before[n] for n in ("er-leader-0", "er-worker-0")}
+    assert uids(await only_pods(gang, "er", set(kept))) == kept
+    await gang.agents_at(2, list(kept))
+    assert world_seen(gang.sim, "er-worker-0", "Process")["WORLD_SIZE"] == "2"
+
+    # The apiserver: the elastic role within its bounds, every other role fixed.
+    job = await gang.kube.get(GANGJOBS, "er", gang.ns)
+    refusals = {
+        "spec.roles[].replicas is immutable unless the role's elastic is set": (0, "replicas", 2),
+        "replicas must be within the role's elastic.minReplicas..elastic.maxReplicas": (
+            1, "replicas", 5,
+        ),
+        "spec.roles[].template is immutable": (
+            0, "template", {**job["spec"]["roles"][0]["template"], "metadata": {"labels": {}}},
+        ),
+    }  # fmt: skip
+    for message, (index, field, value) in refusals.items():
+        roles = copy.deepcopy(job["spec"]["roles"])
+        roles[index][field] = value
+        with pytest.raises(Invalid) as caught:
+            await gang.kube.patch(GANGJOBS, "er", {"spec": {"roles": roles}}, gang.ns)
+        assert message in str(caught.value), caught.value
+        assert f"spec.roles[{index}].{field}" in str(caught.value), caught.value
+    with pytest.raises(Invalid) as caught:
+        await gang.kube.patch(GANGJOBS, "er", {"spec": {"roles": job["spec"]["roles"][1:]}},
+                              gang.ns)  # fmt: skip
+    assert "spec.roles is immutable (but an elastic role's replicas)" in str(caught.value)
+
+
+async def test_an_elastic_role_that_is_not_last_is_refused_at_admission(
+    gang: Gang,  # noqa: F811 (the fixture)
+) -> None:
+    body = _roles_body(gang, "first", 2)
+    body["spec"]["roles"].reverse()
+    body["spec"]["roles"][1]["elastic"] = {"minReplicas": 1, "maxReplicas": 1}
+    with pytest.raises(Invalid) as caught:
+        await gang.kube.create(GANGJOBS, body, gang.ns)
+    assert "only the last role of spec.roles may be elastic" in str(caught.value)
+    assert "spec.roles" in str(caught.value)
+    body = _roles_body(gang, "onspec", 2)
+    body["spec"]["elastic"] = body["spec"]["roles"][1].pop("elastic")
+    with pytest.raises(Invalid) as caught:
+        await gang.kube.create(GANGJOBS, body, gang.ns)
+    assert "elastic: with spec.roles, set elastic on the role that resizes" in str(caught.value)

@@ -7,6 +7,7 @@ per role, one restart and one barrier across the running roles, per-role failure
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -143,9 +144,15 @@ async def test_ready_dependency_names_env_and_one_restart_across_roles(gang: Gan
     }
     job = await gang.kube.get(GANGJOBS, "mpi", gang.ns)
     assert job["status"]["epoch"] == 1
-    # One restart, one barrier opening, for both roles.
-    events = (await gang.kube.list(CORE_EVENTS, gang.ns)).items
-    reasons = [e["reason"] for e in events if e["involvedObject"]["name"] == "mpi"]
+    # One restart, one barrier opening, for both roles. (The controller posts its Events
+    # after the status write that opened the barrier: a moment later.)
+    deadline = asyncio.get_running_loop().time() + 10
+    while True:
+        events = (await gang.kube.list(CORE_EVENTS, gang.ns)).items
+        reasons = [e["reason"] for e in events if e["involvedObject"]["name"] == "mpi"]
+        if "GangRestarted" in reasons or asyncio.get_running_loop().time() > deadline:
+            break
+        await asyncio.sleep(0.2)
     assert reasons.count("GangRestarting") == 1
     assert reasons.count("GangRestarted") == 1
 
@@ -342,7 +349,17 @@ async def test_every_immutable_field_is_refused_naming_it(sim_kube: Kube, namesp
     )
     await sim_kube.create(GANGJOBS, gangjob("short", 2, namespace=namespace, template=t), namespace)
     changes: list[tuple[str, JsonDict, str]] = [
-        ("fixed", {"spec": {"roles": [role("a", 3, t), role("b", 1, t, ranked=False)]}}, "roles"),
+        (
+            "fixed",
+            {"spec": {"roles": [role("a", 3, t), role("b", 1, t, ranked=False)]}},
+            "roles[].replicas",
+        ),
+        (
+            "fixed",
+            {"spec": {"roles": [role("a", 2, t), role("b", 1, t, ranked=True)]}},
+            "roles[].ranked",
+        ),
+        ("fixed", {"spec": {"roles": [role("a", 2, t)]}}, "roles"),
         ("fixed", {"spec": {"coordinator": {"role": "a", "index": 1}}}, "coordinator"),
         ("fixed", {"spec": {"masterPort": 1234}}, "masterPort"),
         ("short", {"spec": {"replicas": 3}}, "replicas"),

@@ -281,9 +281,11 @@ def test_cel_rules_are_where_the_schema_cannot_say_it() -> None:
         ".spec.failurePolicy.rules[].onMessagePatterns[]",
         ".spec.scheduling",
         ".spec.elastic",
+        ".spec.roles[].elastic",
     }
     assert any("self.trainerContainer" in r for r in rules[".spec"])
     assert rules[".spec.elastic"] == ["self.minReplicas <= self.maxReplicas"]
+    assert rules[".spec.roles[].elastic"] == ["self.minReplicas <= self.maxReplicas"]
     assert any("onExitCodes.containerName" in r for r in rules[".spec"])
     assert "self.metadata.name.size()" in rules[""][0]
     [exactly_one] = rules[".spec.failurePolicy.rules[]"]

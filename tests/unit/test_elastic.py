@@ -42,9 +42,10 @@ from api.constants import (
     WORLD_FILE,
 )
 from api.failures import FAILURE_CLASSES, FailureClass
-from api.v1alpha1 import parse_gangjob
+from api.v1alpha1 import Elasticity, parse_gangjob
 from controller.arrivals.server import state_line
 from controller.policy.podspec import build_pod
+from controller.policy.scheduling import gang_size
 from tests.unit.builders import job_dict
 from tests.unit.test_agent import DEADLINE, FakeApi, at, make_config, polled, running, until
 from tests.unit.test_agent_http import fetch
@@ -78,13 +79,85 @@ def test_min_above_max_is_refused() -> None:
         parse_gangjob(job_dict(4, elastic={"minReplicas": 5, "maxReplicas": 3}))
 
 
-def test_per_role_elastic_is_refused() -> None:
-    body = job_dict(2, elastic=ELASTIC)
+def roles_job(workers: int = 3, leaders: int = 1, **elastic: Any) -> dict[str, Any]:
+    """A leader role (the coordinator) and an elastic role `worker`, last."""
+    body = job_dict(2)
     spec = body["spec"]
     template = spec.pop("template")
     spec.pop("replicas")
-    spec["roles"] = [{"name": "worker", "replicas": 2, "template": template}]
-    with pytest.raises(ValidationError, match="per-role elastic is not supported"):
+    spec["roles"] = [
+        {"name": "leader", "replicas": leaders, "template": template},
+        {"name": "worker", "replicas": workers, "template": template,
+         "elastic": {**ELASTIC, **elastic}},
+    ]  # fmt: skip
+    return body
+
+
+def test_an_elastic_role_bounds_the_workers_numbered_after_the_other_roles() -> None:
+    job = parse_gangjob(roles_job(3, leaders=2, spares=1))
+    elastic = job.spec.elasticity
+    assert elastic is not None
+    assert (elastic.first, elastic.field) == (2, "spec.roles[worker].elastic")
+    assert elastic.min_world == 2 + ELASTIC["minReplicas"]
+    # The spare is a worker of the elastic role, numbered after its replicas.
+    assert [(w.role.name, w.index, w.worker) for w in job.spec.workers] == [
+        ("leader", 0, 0), ("leader", 1, 1),
+        ("worker", 0, 2), ("worker", 1, 3), ("worker", 2, 4), ("worker", 3, 5),
+    ]  # fmt: skip
+    assert gang_size(job) == 2 + ELASTIC["minReplicas"] + 1
+    # Every worker's trainer learns the epoch's RANK and WORLD_SIZE from its agent: a
+    # leader's WORLD_SIZE changes with the elastic role's size too.
+    leader = build_pod(job, 0, AGENT)
+    assert leader["spec"]["containers"][0]["command"][2:4] == ["launch", "--"]
+    assert parse_gangjob(elastic_job(4)).spec.elasticity == Elasticity(
+        parse_gangjob(elastic_job(4)).spec.elastic,  # type: ignore[arg-type]
+        0,
+        "spec.elastic",
+    )
+
+
+def _move_elastic_first(body: dict[str, Any]) -> None:
+    body["spec"]["roles"].reverse()
+
+
+def _unranked_leader(body: dict[str, Any]) -> None:
+    body["spec"]["roles"][0]["ranked"] = False
+
+
+def _depends(body: dict[str, Any]) -> None:
+    body["spec"]["roles"][1]["dependsOn"] = [{"role": "leader", "status": "Ready"}]
+
+
+def _outside(body: dict[str, Any]) -> None:
+    body["spec"]["roles"][1]["replicas"] = 9
+
+
+def _on_spec(body: dict[str, Any]) -> None:
+    body["spec"]["elastic"] = body["spec"]["roles"][1].pop("elastic")
+
+
+def _spares_recreate(body: dict[str, Any]) -> None:
+    body["spec"]["roles"][1]["elastic"]["spares"] = 1
+    body["spec"]["restart"] = {"mode": "Recreate"}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (_move_elastic_first, r"roles\[\]\.elastic: only the last role of spec\.roles"),
+        (_unranked_leader, r"roles\[\]\.ranked: every role of a job with an elastic role"),
+        (_depends, r"roles\[worker\]\.dependsOn: an elastic role starts with the gang"),
+        (_outside, r"roles\[worker\]\.replicas must be within the role's elastic"),
+        (_on_spec, r"elastic: with spec\.roles, set elastic on the role that resizes"),
+        (_spares_recreate, r"roles\[\]\.elastic\.spares requires a restart mode"),
+    ],
+)
+def test_what_an_elastic_role_may_not_be_is_refused_naming_the_field(
+    change: Any, message: str
+) -> None:
+    body = roles_job()
+    change(body)
+    with pytest.raises(ValidationError, match=message):
         parse_gangjob(body)
 
 

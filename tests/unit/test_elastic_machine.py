@@ -86,7 +86,14 @@ class ElasticMachine(RuleBasedStateMachine):
         wait=st.sampled_from([0, 60]),
     )
     def start(self, replicas: int, barrier_timeout: int, spares: int = 0, wait: int = 60) -> None:
-        self.obj = job_dict(
+        self.obj = self.job_body(replicas, barrier_timeout, spares, wait)
+        self.nodes = {name: make_node(name) for name in NODES}
+
+    fixed = 0
+    """Workers of roles that are not elastic, numbered before the elastic ones."""
+
+    def job_body(self, replicas: int, barrier_timeout: int, spares: int, wait: int) -> Any:
+        return job_dict(
             replicas,
             restart={
                 "mode": "Process",
@@ -101,7 +108,9 @@ class ElasticMachine(RuleBasedStateMachine):
                 "spares": spares,
             },
         )
-        self.nodes = {name: make_node(name) for name in NODES}
+
+    def set_replicas(self, replicas: int) -> None:
+        self.obj["spec"]["replicas"] = replicas
 
     @property
     def job(self) -> GangJob:
@@ -169,9 +178,11 @@ class ElasticMachine(RuleBasedStateMachine):
         assert old.epoch <= new.epoch <= old.epoch + 1
         if old.world_size is not None and new.world_size != old.world_size:
             assert new.epoch == old.epoch + 1, "the world changed without a bump"
-        replicas = before.job.spec.replicas
-        assert replicas is not None
+        elastic = before.job.spec.elasticity
+        assert elastic is not None
+        replicas = len(before.job.spec.workers) - elastic.bounds.spares
         assert new.world_size is not None
+        assert all(d >= self.fixed for d in new.dropped), "a worker of a fixed role dropped"
         assert new.world_size <= replicas, "a spare in the world"
         if new.barrier_epoch != old.barrier_epoch:
             assert new.barrier_epoch == new.epoch
@@ -233,7 +244,7 @@ class ElasticMachine(RuleBasedStateMachine):
     def resize(self, replicas: int) -> None:
         """`gangjob scale`: the apiserver takes any size within the bounds."""
         self.resizes += 1
-        self.obj["spec"]["replicas"] = replicas
+        self.set_replicas(replicas)
 
     # --- time, the kubelet, the agents -----------------------------------------------------
 
@@ -368,7 +379,7 @@ class ElasticMachine(RuleBasedStateMachine):
         status = self.job.status
         assert status.barrier_epoch is None or status.barrier_epoch <= status.epoch
         if status.world_size is not None:
-            assert 1 <= status.world_size <= MAX
+            assert 1 + self.fixed <= status.world_size <= MAX + self.fixed
 
 
 ElasticMachine.TestCase.settings = settings(
@@ -378,6 +389,33 @@ ElasticMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestElasticMachine = ElasticMachine.TestCase
+
+
+class ElasticRoleMachine(ElasticMachine):
+    """The same over an elastic role (`spec.roles[].elastic`): a fixed role `leader` of
+    `fixed` workers (the coordinator among them), then the elastic role `worker`, whose
+    workers are numbered after them. Also checked: a leader is never dropped, spared nor
+    removed, and the world never falls below the leaders and `minReplicas`."""
+
+    fixed = 2
+
+    def job_body(self, replicas: int, barrier_timeout: int, spares: int, wait: int) -> Any:
+        body = super().job_body(replicas, barrier_timeout, spares, wait)
+        spec = body["spec"]
+        template, elastic = spec.pop("template"), spec.pop("elastic")
+        spec["roles"] = [
+            {"name": "leader", "replicas": self.fixed, "template": template},
+            {"name": "worker", "replicas": spec.pop("replicas"), "template": template,
+             "elastic": elastic},
+        ]  # fmt: skip
+        return body
+
+    def set_replicas(self, replicas: int) -> None:
+        self.obj["spec"]["roles"][-1]["replicas"] = replicas
+
+
+ElasticRoleMachine.TestCase.settings = ElasticMachine.TestCase.settings
+TestElasticRoleMachine = ElasticRoleMachine.TestCase
 
 
 class _Draw:
@@ -579,3 +617,79 @@ def test_a_worker_put_out_of_the_world_on_a_lost_node_is_renewed_in_the_same_pas
     status = m.job.status
     assert (status.world_size, status.dropped) == (1, [1])
     assert m.pods["llama-1"].deleted_at is not None  # the spare's pod on node-0 is renewed
+
+
+class _NoDraw:
+    """`data` for a scripted rule that must find nothing to draw from."""
+
+    def draw(self, _strategy: object) -> str:
+        raise AssertionError("nothing to draw from was expected")
+
+
+def test_a_smaller_size_never_takes_the_world_below_its_minimum() -> None:
+    # Found by the machine (an elastic role: the world's minimum is the 2 leaders + 1):
+    # 2 -> 1 removed worker 4, the one member of the role that was placed, while workers 2
+    # and 3 were out for want of room, and the gang went on with the leaders alone.
+    m = ElasticRoleMachine()
+    m.start(replicas=1, barrier_timeout=60, spares=1, wait=0)
+    m.gang_settles()
+    m.node_lost(_Draw("node-0"))
+    m.node_lost(_Draw("node-1"))
+    m.resize(replicas=2)
+    m.kubelet()
+    m.gang_settles()
+    assert m.job.status.dropped == [2, 3]
+    m.resize(replicas=1)
+    m.reconcile()
+    status = m.job.status
+    assert (status.world_size, status.dropped) == (3, [3])  # worker 2 is waited for again
+
+
+def test_workers_waited_for_at_the_minimum_go_in_the_bump_that_grows_the_world() -> None:
+    # Found by the machine: at its minimum the gang waited for worker 6 (no room); workers 2
+    # and 3 were placed again and rejoined ("capacity returned"), and only the next pass,
+    # behind that bump's shut barrier, dropped worker 6 in a second bump.
+    m = ElasticRoleMachine()
+    m.start(replicas=4, barrier_timeout=100000, wait=60, spares=2)
+    m.agents_arrive()
+    m.pod_deleted_by_someone(_NoDraw())
+    m.trainer_crashes(_NoDraw())
+    m.resize(replicas=6)
+    m.node_lost(_Draw("node-0"))
+    m.reconcile()
+    m.resize(replicas=5)
+    m.reconcile()
+    m.node_lost(_Draw("node-2"))
+    m.gang_settles()
+    m.node_lost(_Draw("node-1"))
+    m.reconcile()
+    m.tick(seconds=70)
+    m.reconcile()
+    m.agents_start_trainers()
+    m.tick(seconds=1)
+    m.reconcile()
+    m.tick(seconds=1)
+    m.pod_deleted_by_someone(_Draw("llama-worker-6"))
+    m.node_added()
+    m.kubelet()
+    m.node_added()
+    m.agents_arrive()
+    m.reconcile()
+    m.tick(seconds=130)
+    m.reconcile()
+    m.resize(replicas=4)
+    m.kubelet()
+    m.pod_deleted_by_someone(_Draw("llama-leader-0"))
+    m.agents_arrive()
+    m.reconcile()
+    m.agents_arrive()
+    m.trainer_crashes(_NoDraw())
+    m.reconcile()
+    m.tick(seconds=260)
+    m.reconcile()  # asserts that planning again over the pass's outcome changes nothing
+    status = m.job.status
+    assert status.last_restart is not None
+    assert status.last_restart.trigger.detail == (
+        "resized 3 -> 4 (capacity returned; node lost, no capacity)"
+    )
+    assert (status.world_size, status.dropped) == (4, [4, 5, 6, 7])
