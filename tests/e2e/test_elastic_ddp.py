@@ -1,7 +1,9 @@
-"""The sample PyTorch DDP job, made elastic, on the real node: shrunk from 3 workers to 2 and
-grown back to 3 by `replicas`, each in place at a new epoch, it resumes each time from its
-checkpoint at the new world size (its data sharded anew) and ends Succeeded; the kept pods keep
-their UIDs (docs/api.md "Elastic gangs")."""
+"""The sample PyTorch DDP job, made elastic, on the real node: a fixed role `leader` (rank 0,
+`MASTER_ADDR`) and an elastic role `worker` (`spec.roles[].elastic`), shrunk from 3 workers to 2
+and grown back to 3 by the role's `replicas`, each in place at a new epoch; it resumes each time
+from its checkpoint at the new world size (its data sharded anew, the leader's trainer told the
+new `WORLD_SIZE` too) and ends Succeeded; the kept pods keep their UIDs (docs/api.md "Elastic
+gangs"). A job of one role resizes by the same steps (tests/integration/test_elastic.py)."""
 
 from __future__ import annotations
 
@@ -26,18 +28,26 @@ STEPS = 45
 
 def elastic_job(name: str, checkpoints: Path, image: str) -> JsonDict:
     job = sample_job(name, "Process", checkpoints, image)
-    job["spec"]["replicas"] = 3
-    job["spec"]["elastic"] = {"minReplicas": 2, "maxReplicas": 3}
-    trainer = job["spec"]["template"]["spec"]["containers"][0]
-    for env in trainer["env"]:
+    spec = job["spec"]
+    template = spec.pop("template")
+    spec.pop("replicas")
+    for env in template["spec"]["containers"][0]["env"]:
         if env["name"] == "TRAIN_STEPS":
             env["value"] = str(STEPS)
+    spec["roles"] = [
+        {"name": "leader", "replicas": 1, "template": template},
+        {"name": "worker", "replicas": 2, "template": template,
+         "elastic": {"minReplicas": 1, "maxReplicas": 2}},
+    ]  # fmt: skip
     return job
 
 
 async def resized(kube: Kube, ns: str, name: str, size: int, epoch: int) -> JsonDict:
-    """Patches `replicas` and waits for the barrier of the resize's epoch."""
-    await kube.patch(GANGJOBS, name, {"spec": {"replicas": size}}, ns)
+    """Sets the elastic role's `replicas` and waits for the barrier of the resize's epoch."""
+    current = await kube.get(GANGJOBS, name, ns)
+    roles = current["spec"]["roles"]
+    roles[-1]["replicas"] = size
+    await kube.patch(GANGJOBS, name, {"spec": {"roles": roles}}, ns)
     job: JsonDict = await watch_job(
         kube, ns, name,
         lambda j: (j.get("status") or {}).get("barrierEpoch") == epoch,
@@ -64,16 +74,20 @@ async def test_the_ddp_sample_survives_a_shrink_and_a_grow_in_place(
     uids = {
         p["metadata"]["name"]: p["metadata"]["uid"] for p in await gang_pods(node_kube, ns, name)
     }
-    assert sorted(uids) == [f"{name}-0", f"{name}-1", f"{name}-2"]
+    leader, kept_worker, surplus = f"{name}-leader-0", f"{name}-worker-0", f"{name}-worker-1"
+    assert sorted(uids) == [leader, kept_worker, surplus]
     logs: dict[str, str] = {}
-    collector = asyncio.create_task(collect_logs(node_cluster, ns, f"{name}-1", logs))
+    collectors = [
+        asyncio.create_task(collect_logs(node_cluster, ns, pod, logs))
+        for pod in (leader, kept_worker)
+    ]
     try:
-        shrunk = await resized(node_kube, ns, name, 2, epoch=1)
+        shrunk = await resized(node_kube, ns, name, 1, epoch=1)
         assert shrunk["status"]["worldSize"] == 2
         narrow = await wait_for_checkpoint(checkpoints / name, first["step"] + 10, timeout=120)
         assert (narrow["epoch"], narrow["world_size"]) == (1, 2)
         assert narrow["resumed_from"] >= first["step"]
-        grown = await resized(node_kube, ns, name, 3, epoch=2)
+        grown = await resized(node_kube, ns, name, 2, epoch=2)
         assert grown["status"]["worldSize"] == 3
         # Process-mode pods go once the job succeeds: their UIDs are read now.
         kept = {
@@ -82,9 +96,10 @@ async def test_the_ddp_sample_survives_a_shrink_and_a_grow_in_place(
         }
         job = await watch_finished(node_kube, ns, name, 180)
     finally:
-        collector.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await collector
+        for collector in collectors:
+            collector.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await collector
     st = job["status"]
     assert st["phase"] == "Succeeded", st
     assert st["epoch"] == 2
@@ -94,14 +109,17 @@ async def test_the_ddp_sample_survives_a_shrink_and_a_grow_in_place(
     # The resizes are the restarts: in place, neither counted against maxRestarts.
     assert [r["trigger"]["class"] for r in st["history"]] == ["Resized", "Resized"]
     assert (st["restarts"]["total"], st["restarts"].get("counted", 0)) == (2, 0)
-    # Worker 1 was kept through both: one trainer per epoch, each in the world of its epoch.
-    log = logs.get(f"{name}-1", "")
-    for epoch, world in ((1, 2), (2, 3)):
-        assert f"epoch={epoch} rank=1 rendezvous at" in log, log
-        assert f"as 1/{world}," in log, log
-    assert "world size 2)" in log, log  # epoch 2 resumed from a checkpoint of the 2-wide world
-    # Workers 0 and 1 were kept in place through both resizes; worker 2 was made again.
-    assert kept[f"{name}-0"] == uids[f"{name}-0"]
-    assert kept[f"{name}-1"] == uids[f"{name}-1"]
-    assert kept[f"{name}-2"] != uids[f"{name}-2"]
+    # The leader (rank 0) and the elastic role's worker 0 (rank 1) were kept through both: one
+    # trainer per epoch, each in the world of its epoch.
+    for pod, rank in ((leader, 0), (kept_worker, 1)):
+        log = logs.get(pod, "")
+        for epoch, world in ((1, 2), (2, 3)):
+            assert f"epoch={epoch} rank={rank} rendezvous at" in log, (pod, log)
+            assert f"as {rank}/{world}," in log, (pod, log)
+        # Epoch 2 resumed from a checkpoint of the 2-wide world.
+        assert "world size 2)" in log, (pod, log)
+    # Both kept in place through both resizes; the role's worker 1 was made again.
+    assert kept[leader] == uids[leader]
+    assert kept[kept_worker] == uids[kept_worker]
+    assert kept[surplus] != uids[surplus]
     record_property("epochs", st["epoch"])
