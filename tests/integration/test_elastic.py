@@ -425,8 +425,24 @@ async def test_an_elastic_role_resizes_in_place_around_the_fixed_roles(
     client = AsyncClient(gang.kube, gang.ns)
 
     # Grow the role 2 -> 3 (`gangjob scale`): one new pod, the others restart in place, and
-    # the leader's trainer too learns the new WORLD_SIZE.
+    # the leader's trainer too learns the new WORLD_SIZE. The job moves on between the
+    # client's read and its write (as the controller's status writes do): the conditional
+    # patch of the roles conflicts, and the client reads again.
+    read = client.get_raw
+    reads = 0
+
+    async def read_then_moved(name: str, *, namespace: str | None = None) -> JsonDict:
+        nonlocal reads
+        reads += 1
+        raw = await read(name, namespace=namespace)
+        if reads == 1:
+            note = {"metadata": {"annotations": {"moved": "yes"}}}
+            await gang.kube.patch(GANGJOBS, name, note, gang.ns)
+        return raw
+
+    client.get_raw = read_then_moved  # type: ignore[method-assign]
     await client.scale("er", 3)
+    assert reads == 2
     job = await gang.running_at("er", 1, 4)
     last = job["status"]["lastRestart"]
     assert last["trigger"]["detail"] == "resized 3 -> 4 (replicas changed)"
