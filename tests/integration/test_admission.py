@@ -38,6 +38,15 @@ def roles(**spec: Any) -> Manifest:
     return job
 
 
+def elastic_roles(**worker: Any) -> Manifest:
+    """`roles()` with the first role ranked and the last one elastic (1..4)."""
+    job = roles()
+    first, last = job["spec"]["roles"]
+    first.pop("ranked")
+    last.update(elastic={"minReplicas": 1, "maxReplicas": 4}, **worker)
+    return job
+
+
 def trainer(job: Manifest) -> dict[str, Any]:
     template = job["spec"].get("template") or job["spec"]["roles"][1]["template"]
     container: dict[str, Any] = template["spec"]["containers"][0]
@@ -188,7 +197,22 @@ INVALID: list[tuple[str, Manifest, tuple[str, ...]]] = [
     ("elastic-min-above-max", shorthand(elastic={"minReplicas": 3, "maxReplicas": 2}),
      ("spec.elastic.minReplicas", "elastic.minReplicas must be <= elastic.maxReplicas")),
     ("elastic-roles", roles(elastic={"minReplicas": 1, "maxReplicas": 4}),
-     ("spec.elastic", "per-role elastic is not supported yet")),
+     ("spec.elastic", "elastic: with spec.roles, set elastic on the role that resizes")),
+    ("elastic-role-not-last", edit(elastic_roles, lambda j: j["spec"]["roles"].reverse()),
+     ("spec.roles", "only the last role of spec.roles may be elastic")),
+    ("elastic-role-beside-unranked", edit(elastic_roles,
+        lambda j: j["spec"]["roles"][0].update(ranked=False)),
+     ("spec.roles", "every role of a job with an elastic role must be ranked")),
+    ("elastic-role-above-max", elastic_roles(replicas=5),
+     ("spec.roles[1].replicas", "replicas must be within the role's elastic.minReplicas")),
+    ("elastic-role-depends", elastic_roles(dependsOn=[{"role": "init", "status": "Ready"}]),
+     ("spec.roles[1].dependsOn", "an elastic role starts with the gang")),
+    ("elastic-role-no-command", edit(elastic_roles, lambda j: trainer(j).pop("command")),
+     ("spec.roles", COMMAND, "an elastic role (spec.roles[].elastic)")),
+    ("elastic-role-spares-recreate", edit(elastic_roles, lambda j: (
+        j["spec"]["roles"][1]["elastic"].update(spares=1),
+        j["spec"].update(restart={"mode": "Recreate"}))),
+     ("spec.roles", "roles[].elastic.spares requires a restart mode that keeps the pods")),
     ("elastic-no-command", edit(lambda: shorthand(elastic={"minReplicas": 1, "maxReplicas": 4}),
                                 lambda j: trainer(j).pop("command")),
      ("spec.template", "spec.elastic")),
@@ -215,6 +239,9 @@ VALID: list[tuple[str, Manifest]] = [
             j["spec"]["template"].update(metadata={"labels": {"team": "a"}}),
         ))),
     ("roles", roles()),
+    ("elastic-role", edit(elastic_roles, lambda j: (
+        j["spec"]["roles"][1]["elastic"].update(spares=1),
+        j["spec"].update(restart={"mode": "Process"})))),
     ("roles-process", edit(lambda: roles(restart={"mode": "Process"}), lambda j: (
         pod_spec(j)["containers"].insert(0, _sidecar("log")),
         j["spec"]["roles"][1].update(trainerContainer="trainer")))),
