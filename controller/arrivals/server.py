@@ -655,8 +655,9 @@ class _Stream:
         self.why = why
         if self.ended is not None:
             self.ended.set_result(why)
-        if self.on_end is not None:
-            self.on_end(why)
+        on_end, self.on_end = self.on_end, None  # it holds this stream: no cycle left for the GC
+        if on_end is not None:
+            on_end(why)
 
 
 class _Review:
