@@ -38,6 +38,7 @@ from controller.runtime.fastpath import (
     FAST_PATH,
     HUNG_UP,
     KEEP,
+    STREAMING,
     Held,
     Request,
     Route,
@@ -553,13 +554,15 @@ def arrivals_app(
         if obj is None or pod_job(mine.namespace, mine.pod) != name:
             done(DECLINE)  # refused: aiohttp's path says why
             return None
+        # What a held stream keeps of its request: not the request (its token is ~1 KiB).
+        last = CLOSE if request.close else KEEP
         close = b"Connection: close\r\n" if request.close else b""
         if isinstance(posted, PostedProgress):
             progress_accepted.inc()
             if book.record_progress(key, posted.pod, posted.progress(clock())) and on_news:
                 on_news(key)
             transport.write(_TAKEN_HEAD + date_header() + close + b"\r\n" + _TAKEN)
-            done(CLOSE if request.close else KEEP)
+            done(last)
             return None
         pod = (posted.namespace, posted.pod)
         if len(held) >= limits.streams and pod not in held:
@@ -578,6 +581,7 @@ def arrivals_app(
         framed = b"%x\r\n%b\r\n" % (len(line), line)
         transport.write(_STREAM_HEAD + date_header() + close + b"\r\n" + framed)
         me.sent = line
+        done(STREAMING)
 
         def ended(why: str) -> None:
             metrics.ARRIVAL_STREAMS.dec()
@@ -592,7 +596,7 @@ def arrivals_app(
                 done(CLOSE)
                 return
             transport.write(b"0\r\n\r\n")  # the answer's end: the connection stays good
-            done(CLOSE if request.close else KEEP)
+            done(last)
 
         me.on_end = ended
         if (obj.get("status") or {}).get("phase") in TERMINAL:

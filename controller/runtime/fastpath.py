@@ -52,14 +52,17 @@ class Held(Protocol):
     def end(self, why: str) -> None: ...
 
 
-KEEP, CLOSE, DECLINE = "keep", "close", "decline"
+KEEP, CLOSE, DECLINE, STREAMING = "keep", "close", "decline", "streaming"
 """How a request ended, told to `done`: answered, and the connection takes the next request;
-answered, close it; declined, nothing written: aiohttp answers it and serves the connection."""
+answered, close it; declined, nothing written: aiohttp answers it and serves the connection.
+STREAMING is no end: the answer goes on, and will not be declined (the request's bytes, kept
+for aiohttp until then, are let go: a stream is held for a whole epoch)."""
 
 
 class FastPath(Protocol):
     """Takes a request: calls `done` once, with KEEP, CLOSE or DECLINE, when its answer is
-    complete (at once, or later: then it returns what is still `Held`)."""
+    complete (at once, or later: then it returns what is still `Held`), and before that
+    perhaps with STREAMING."""
 
     def __call__(
         self, request: Request, transport: asyncio.Transport, done: Callable[[str], None]
@@ -196,6 +199,9 @@ class Switch(asyncio.Protocol):
         handler.data_received(buffer)
 
     def _done(self, outcome: str) -> None:
+        if outcome == STREAMING:
+            self._taken = b""
+            return
         self._busy = None
         taken, self._taken = self._taken, b""
         transport = self._transport
