@@ -619,7 +619,7 @@ def arrivals_app(
     app.router.add_post(ARRIVALS_PATH, arrivals)
     app.router.add_post(PROGRESS_PATH, progress)
     if lookup is not None:
-        app[FAST_PATH] = Route(frozenset({ARRIVALS_PATH, PROGRESS_PATH}), fast)
+        app[FAST_PATH] = Route(frozenset({ARRIVALS_PATH, PROGRESS_PATH}), fast, MAX_BODY_BYTES)
     app.on_shutdown.append(closing)
     app.cleanup_ctx.append(beating)
     return app

@@ -71,10 +71,12 @@ class FastPath(Protocol):
 
 @dataclass(frozen=True)
 class Route:
-    """The fast path of an app, and the paths it may take."""
+    """The fast path of an app, the paths it may take, and the longest body it reads (a longer
+    one is aiohttp's to refuse: the fast path never holds more than this and a head)."""
 
     paths: frozenset[str]
     take: FastPath
+    max_body: int
 
 
 FAST_PATH: web.AppKey[Route] = web.AppKey("fast_path")
@@ -84,7 +86,7 @@ HUNG_UP = "hung up"
 """`Held.end`'s reason when the client closed the connection."""
 
 
-def parse(buffer: bytes, paths: frozenset[str]) -> Request | bool:
+def parse(buffer: bytes, paths: frozenset[str], max_body: int) -> Request | bool:
     """The request in `buffer`, if it is whole and the fast path's kind; True: not whole yet
     (read more); False: not one for the fast path."""
     end = buffer.find(b"\r\n\r\n")
@@ -124,7 +126,7 @@ def parse(buffer: bytes, paths: frozenset[str]) -> Request | bool:
                 return False
         elif name in _DECLINED:
             return False
-    if length is None:
+    if length is None or length > max_body:
         return False
     start = end + 4
     if len(buffer) < start + length:
@@ -143,6 +145,7 @@ class Switch(asyncio.Protocol):
         "_busy",
         "_factory",
         "_fast",
+        "_max_body",
         "_open",
         "_paths",
         "_taken",
@@ -158,6 +161,7 @@ class Switch(asyncio.Protocol):
         self._factory = factory
         self._fast = route.take
         self._paths = route.paths
+        self._max_body = route.max_body
         self._open = open_
         self._transport: asyncio.Transport | None = None
         self._buffer = b""
@@ -177,7 +181,7 @@ class Switch(asyncio.Protocol):
             transport.abort()
             return
         buffer = self._buffer + data if self._buffer else data
-        request = parse(buffer, self._paths)
+        request = parse(buffer, self._paths, self._max_body)
         if request is True:
             self._buffer = buffer
             return

@@ -4,6 +4,8 @@ connection handed to aiohttp with what the fast path declined."""
 from __future__ import annotations
 
 import asyncio
+import pathlib
+import ssl
 from collections.abc import Callable
 
 import pytest
@@ -22,6 +24,8 @@ from controller.runtime.fastpath import (
 from controller.runtime.httpserver import HttpServer
 
 PATHS = frozenset({"/v1/arrivals"})
+MAX_BODY = 64
+CERTS = pathlib.Path(__file__).parent / "testdata" / "arrival-tls"
 BODY = b'{"a": 1}'
 
 
@@ -35,7 +39,9 @@ def request(
 
 
 def test_a_whole_report_is_taken() -> None:
-    got = parse(request(b"Authorization: Bearer t0k.en", b"Connection: keep-alive"), PATHS)
+    got = parse(
+        request(b"Authorization: Bearer t0k.en", b"Connection: keep-alive"), PATHS, MAX_BODY
+    )
     assert isinstance(got, Request)
     assert (got.path, got.authorization, got.body, got.close) == (
         "/v1/arrivals",
@@ -43,7 +49,7 @@ def test_a_whole_report_is_taken() -> None:
         BODY,
         False,
     )
-    got = parse(request(b"connection: Close"), PATHS)
+    got = parse(request(b"connection: Close"), PATHS, MAX_BODY)
     assert isinstance(got, Request)
     assert got.close
 
@@ -63,6 +69,8 @@ def test_a_whole_report_is_taken() -> None:
         request(b"Connection: upgrade"),
         request(b"Content-Length: 8", b"Content-Length: 8"),
         request(b"Content-Length: +8"),
+        request(body=b"x" * (MAX_BODY + 1)),  # aiohttp refuses it (413): never buffered here
+        request(b"Content-Length: 1000000000", body=b""),
         request(b"Authorization: Bearer a", b"Authorization: Bearer b"),
         request(b"Bad Name: x"),
         request(b"NoColon"),
@@ -77,19 +85,21 @@ def test_a_whole_report_is_taken() -> None:
     ],
 )
 def test_anything_else_goes_to_aiohttp(raw: bytes) -> None:
-    assert parse(raw, PATHS) is False
+    assert parse(raw, PATHS, MAX_BODY) is False
 
 
 def test_a_request_in_pieces_is_read_whole() -> None:
     raw = request(b"Authorization: Bearer t")
     for cut in (10, raw.index(b"\r\n\r\n") + 2, len(raw) - 1):
-        assert parse(raw[:cut], PATHS) is True
-    assert isinstance(parse(raw, PATHS), Request)
+        assert parse(raw[:cut], PATHS, MAX_BODY) is True
+    assert isinstance(parse(raw, PATHS, MAX_BODY), Request)
 
 
-async def _exchange(port: int, raw: bytes) -> bytes:
+async def _exchange(port: int, raw: bytes, tls: ssl.SSLContext | None = None) -> bytes:
     """One request on a new connection, then a GET on the same one; both answers' heads."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    reader, writer = await asyncio.open_connection(
+        "127.0.0.1", port, ssl=tls, server_hostname="127.0.0.1" if tls else None
+    )
     heads = []
     for data in (raw, b"GET /plain HTTP/1.1\r\nHost: x\r\n\r\n"):
         writer.write(data)
@@ -100,7 +110,8 @@ async def _exchange(port: int, raw: bytes) -> bytes:
     return b" | ".join(heads)
 
 
-async def test_a_declined_request_is_answered_by_aiohttp_and_so_is_the_next() -> None:
+@pytest.mark.parametrize("tls", [False, True])
+async def test_a_declined_request_is_answered_by_aiohttp_and_so_is_the_next(tls: bool) -> None:
     taken: list[Request] = []
 
     def take(
@@ -123,11 +134,16 @@ async def test_a_declined_request_is_answered_by_aiohttp_and_so_is_the_next() ->
     app = web.Application()
     app.router.add_post("/v1/arrivals", slow)
     app.router.add_get("/plain", plain)
-    app[FAST_PATH] = Route(PATHS, take)
-    async with HttpServer(app, "127.0.0.1", 0) as server:
+    app[FAST_PATH] = Route(PATHS, take, MAX_BODY)
+    server_tls = client_tls = None
+    if tls:  # the hand-over of a TLS connection: aiohttp gets the decrypting transport
+        server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server_tls.load_cert_chain(CERTS / "tls.crt", CERTS / "tls.key")
+        client_tls = ssl.create_default_context(cafile=CERTS / "ca.crt")
+    async with HttpServer(app, "127.0.0.1", 0, ssl_context=server_tls) as server:
         assert server.port is not None
-        fast = await _exchange(server.port, request(b"Authorization: Bearer fast"))
-        declined = await _exchange(server.port, request(b"Authorization: Bearer other"))
+        fast = await _exchange(server.port, request(b"Authorization: Bearer fast"), client_tls)
+        declined = await _exchange(server.port, request(b"Authorization: Bearer other"), client_tls)
     assert fast == b"HTTP/1.1 200 OK fast | HTTP/1.1 200 OK plain"
     assert declined == b'HTTP/1.1 200 OK aiohttp:{"a": 1} | HTTP/1.1 200 OK plain'
     assert [r.authorization for r in taken] == [b"Bearer fast"]
