@@ -5,6 +5,12 @@ answer with a stream of the GangJob's state, one JSON line per change of `status
 which spares every agent its own watch. Beside it, `POST /v1/progress` takes a worker's progress
 summary (docs/progress.md) with the same checks, into the same book, and answers at once.
 
+Both are served twice over: through aiohttp's handlers (`arrivals`, `progress`), and, for a
+whole, plain request whose sender passes every check, by `fast` without aiohttp's request
+machinery (controller.runtime.fastpath; docs/design.md section 3.4): the same checks, book,
+streams and lines, at about a third of the CPU and memory per report. What `fast` declines
+(any refusal but a failed token review, which it answers as `_check` would) aiohttp answers.
+
 Whoever reaches the port may send anything (docs/design.md, "The arrival endpoint's limits"):
 bodies are small, requests not yet authenticated are bounded in number (over it: 429 with
 Retry-After), a report counts only from the pod its token is bound to and for that pod's own
