@@ -57,7 +57,9 @@ log = logging.getLogger("benchmarks.arrivals")
 # -- the controller's side (the child process) -----------------------------------------------
 
 
-def serve(port: int, cert: str | None, key: str | None, loop: str = "asyncio") -> None:
+def serve(
+    port: int, cert: str | None, key: str | None, loop: str = "asyncio", fast: bool = True
+) -> None:
     """The endpoint over one GangJob held in memory; `/bench/*` changes its status and counts
     connections."""
     from aiohttp import web
@@ -65,6 +67,7 @@ def serve(port: int, cert: str | None, key: str | None, loop: str = "asyncio") -
     from controller.arrivals.auth import TokenAuthenticator
     from controller.arrivals.book import ArrivalBook
     from controller.arrivals.server import arrivals_app
+    from controller.runtime.fastpath import FAST_PATH, Switch
 
     job: dict[str, Any] = {
         "metadata": {"name": JOB, "namespace": NS, "resourceVersion": "1"},
@@ -97,6 +100,7 @@ def serve(port: int, cert: str | None, key: str | None, loop: str = "asyncio") -
         pod_job=lambda ns, pod: JOB,
         accepting=lambda: True,
         on_report=lambda key: None,
+        lookup=auth.lookup if fast else None,
     )
 
     async def set_status(request: web.Request) -> web.Response:
@@ -125,10 +129,13 @@ def serve(port: int, cert: str | None, key: str | None, loop: str = "asyncio") -
         factory = runner.server
         assert factory is not None
 
+        route = app.get(FAST_PATH)
+        switches: set[Switch] = set()
+
         def counted() -> Any:  # the connections made, to tell kept ones from new
             nonlocal connections
             connections += 1
-            return factory()
+            return factory() if route is None else Switch(factory, route, switches)
 
         await loop.create_server(counted, "127.0.0.1", port, ssl=tls, backlog=4096)
         print("ready", flush=True)
@@ -230,7 +237,9 @@ def _get(url: str, path: str, body: Any = None) -> Any:
         return json.loads(resp.read())
 
 
-def measure(n: int, epochs: int, tls: bool, workdir: Path, loop: str) -> dict[str, float]:
+def measure(
+    n: int, epochs: int, tls: bool, workdir: Path, loop: str, path: str = "fast"
+) -> dict[str, float]:
     """One run with TLS on or off, the endpoint on `loop`: the controller's figures."""
     port = _free_port()
     cert = key = None
@@ -238,6 +247,7 @@ def measure(n: int, epochs: int, tls: bool, workdir: Path, loop: str) -> dict[st
         cert, key = _self_signed(workdir)
     child = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.arrivals", "--serve", str(port), "--loop", loop]
+        + ["--path", path]
         + (["--cert", cert, "--key", str(key)] if cert else []),
         stdout=subprocess.PIPE,
     )
@@ -354,22 +364,33 @@ def main(argv: list[str] | None = None) -> int:
         default="asyncio",
         help="the endpoint's event loop: asyncio, uvloop, or both side by side (asyncio,uvloop)",
     )
+    parser.add_argument(
+        "--path",
+        default="fast",
+        help="the endpoint's request path: fast (controller.runtime.fastpath, as deployed), "
+        "aiohttp (aiohttp's request handling alone), or both, alternating (fast,aiohttp)",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="repeat the whole set this often")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--cert", help=argparse.SUPPRESS)
     parser.add_argument("--key", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
-        serve(args.serve, args.cert, args.key, args.loop)
+        serve(args.serve, args.cert, args.key, args.loop, args.path == "fast")
         return 0
     logging.basicConfig(level=logging.WARNING)
     modes = {"off": [False], "on": [True], "both": [False, True]}[args.tls]
     rows: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for loop in args.loop.split(","):
-            for tls in modes:
-                name = ("TLS on" if tls else "TLS off") + f", {loop}"
-                rows[name] = measure(args.agents, args.epochs, tls, Path(tmp), loop)
-                print(name, json.dumps(rows[name], indent=1), flush=True)
+        for round in range(1, args.rounds + 1):
+            for loop in args.loop.split(","):
+                for tls in modes:
+                    for path in args.path.split(","):
+                        name = ("TLS on" if tls else "TLS off") + f", {loop}, {path}"
+                        if args.rounds > 1:
+                            name += f" #{round}"
+                        rows[name] = measure(args.agents, args.epochs, tls, Path(tmp), loop, path)
+                        print(name, json.dumps(rows[name], indent=1), flush=True)
     metrics = list(next(iter(rows.values())))
     table = markdown_table(
         ["figure", *rows], [[m, *(f"{rows[r][m]:.3g}" for r in rows)] for m in metrics]

@@ -511,6 +511,7 @@ class Manager:
                 accepting=lambda: self.is_leader and self.synced(),
                 on_report=self._on_report,
                 on_news=self._enqueue,
+                lookup=self.authenticator.lookup,
             )
             cert, follow = await self._arrival_tls()
             # A gang of thousands restarts at once: its reports must not overflow the backlog.

@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from aiohttp import web
 
 from agent.apiclient import ApiError, HttpClient
 from api.constants import ARRIVAL_AUDIENCE, ARRIVALS_PATH, LABEL_NAME
@@ -18,6 +17,7 @@ from controller.arrivals.book import ArrivalBook
 from controller.arrivals.server import arrivals_app
 from controller.k8s import PODS, TOKENREVIEWS, JsonDict, Kube
 from controller.k8s.kinds import ResourceKind
+from controller.runtime.httpserver import HttpServer
 from controller.runtime.metrics import REGISTRY
 from localcluster.cluster import Cluster
 from localcluster.procs import free_port
@@ -84,15 +84,13 @@ async def endpoint(
         pod_job=lambda ns, name: labels.get(name) if ns == namespace else None,
         accepting=lambda: True,
         on_report=lambda key: None,
+        lookup=auth.lookup,
     )
-    runner = web.AppRunner(app)
-    await runner.setup()
+    # Through `HttpServer`, as the manager serves it: reports take the fast path
+    # (controller.runtime.fastpath), refusals aiohttp's.
     port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
+    async with HttpServer(app, "127.0.0.1", port):
         yield f"http://127.0.0.1:{port}", book
-    finally:
-        await runner.cleanup()
 
 
 async def post(url: str, body: JsonDict, bearer: str) -> str:

@@ -34,6 +34,7 @@ from controller.arrivals.book import ArrivalBook, Report, with_report
 from controller.arrivals.server import BadReport, arrivals_app, parse_report
 from controller.policy.gang import arrived_by_barrier
 from controller.policy.views import PodView
+from controller.runtime.httpserver import HttpServer
 from localcluster.procs import free_port
 from tests.unit.test_agent import (
     DEADLINE,
@@ -270,8 +271,10 @@ class Controller:
         return held.epoch if held else None
 
 
-@pytest.fixture
-async def controller() -> AsyncIterator[Controller]:
+@pytest.fixture(params=["fast", "aiohttp"])
+async def controller(request: pytest.FixtureRequest) -> AsyncIterator[Controller]:
+    """The endpoint served as the controller serves it (`HttpServer`: the fast path, the token's
+    verdict cached), and by aiohttp alone (every request through its handlers)."""
     fake = FakeApi(epoch=0)
     book = ArrivalBook()
     port = free_port()
@@ -283,6 +286,10 @@ async def controller() -> AsyncIterator[Controller]:
         pod, uid = token.split("/")
         return Identity(NS, pod, uid)
 
+    def cached(token: str) -> Identity | None:
+        # a verdict is cached once reviewed; one refused is not (the review answers)
+        return None if ctl.refuse else Identity(NS, *token.split("/"))
+
     app = arrivals_app(
         book,
         authenticate,
@@ -291,14 +298,10 @@ async def controller() -> AsyncIterator[Controller]:
         accepting=lambda: True,
         on_report=ctl.on_report,
         on_news=ctl.stalls.append,
+        lookup=None if request.param == "aiohttp" else cached,
     )
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
+    async with HttpServer(app, "127.0.0.1", port):
         yield ctl
-    finally:
-        await runner.cleanup()
 
 
 def direct_agent(

@@ -1,0 +1,149 @@
+"""The fast path beside aiohttp (controller.runtime.fastpath): which requests it may take, and a
+connection handed to aiohttp with what the fast path declined."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import ssl
+from collections.abc import Callable
+
+import pytest
+from aiohttp import web
+
+from controller.runtime.fastpath import (
+    CLOSE,
+    DECLINE,
+    FAST_PATH,
+    KEEP,
+    Held,
+    Request,
+    Route,
+    parse,
+)
+from controller.runtime.httpserver import HttpServer
+
+PATHS = frozenset({"/v1/arrivals"})
+MAX_BODY = 64
+CERTS = pathlib.Path(__file__).parent / "testdata" / "arrival-tls"
+BODY = b'{"a": 1}'
+
+
+def request(
+    *headers: bytes, line: bytes = b"POST /v1/arrivals HTTP/1.1", body: bytes = BODY
+) -> bytes:
+    head = [line, b"Host: x", *headers]
+    if not any(h.lower().startswith(b"content-length") for h in headers):
+        head.append(b"Content-Length: %d" % len(body))
+    return b"\r\n".join(head) + b"\r\n\r\n" + body
+
+
+def test_a_whole_report_is_taken() -> None:
+    got = parse(
+        request(b"Authorization: Bearer t0k.en", b"Connection: keep-alive"), PATHS, MAX_BODY
+    )
+    assert isinstance(got, Request)
+    assert (got.path, got.authorization, got.body, got.close) == (
+        "/v1/arrivals",
+        b"Bearer t0k.en",
+        BODY,
+        False,
+    )
+    got = parse(request(b"connection: Close"), PATHS, MAX_BODY)
+    assert isinstance(got, Request)
+    assert got.close
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        request(line=b"GET /v1/arrivals HTTP/1.1"),
+        request(line=b"POST /v1/arrivals HTTP/1.0"),
+        request(line=b"POST /v1/arrivals?x=1 HTTP/1.1"),
+        request(line=b"POST  /v1/arrivals HTTP/1.1"),
+        request(line=b"POST /metrics HTTP/1.1"),
+        request(b"Transfer-Encoding: chunked"),
+        request(b"Expect: 100-continue"),
+        request(b"Content-Encoding: gzip"),
+        request(b"Upgrade: h2c"),
+        request(b"Connection: upgrade"),
+        request(b"Content-Length: 8", b"Content-Length: 8"),
+        request(b"Content-Length: +8"),
+        request(body=b"x" * (MAX_BODY + 1)),  # aiohttp refuses it (413): never buffered here
+        request(b"Content-Length: 1000000000", body=b""),
+        request(b"Authorization: Bearer a", b"Authorization: Bearer b"),
+        request(b"Bad Name: x"),
+        request(b"NoColon"),
+        request(b"X: a\nInjected: b"),
+        request(b"X: a\rb"),
+        request(b"X: \x00"),
+        request("X: caf\u00e9".encode()),
+        request() + b"POST",  # pipelined
+        b"POST /v1/arrivals HTTP/1.1\r\nHost: x\r\n\r\n",  # no length
+        b"POST /v1/arrivals HTTP/1.1\r\nX: " + b"a" * 9000 + b"\r\n\r\n",
+        b"x" * 9000,  # no head's end within the bound
+    ],
+)
+def test_anything_else_goes_to_aiohttp(raw: bytes) -> None:
+    assert parse(raw, PATHS, MAX_BODY) is False
+
+
+def test_a_request_in_pieces_is_read_whole() -> None:
+    raw = request(b"Authorization: Bearer t")
+    for cut in (10, raw.index(b"\r\n\r\n") + 2, len(raw) - 1):
+        assert parse(raw[:cut], PATHS, MAX_BODY) is True
+    assert isinstance(parse(raw, PATHS, MAX_BODY), Request)
+
+
+async def _exchange(port: int, raw: bytes, tls: ssl.SSLContext | None = None) -> bytes:
+    """One request on a new connection, then a GET on the same one; both answers' heads."""
+    reader, writer = await asyncio.open_connection(
+        "127.0.0.1", port, ssl=tls, server_hostname="127.0.0.1" if tls else None
+    )
+    heads = []
+    for data in (raw, b"GET /plain HTTP/1.1\r\nHost: x\r\n\r\n"):
+        writer.write(data)
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        heads.append(head.split(b"\r\n")[0] + b" " + await reader.readexactly(length))
+    writer.close()
+    return b" | ".join(heads)
+
+
+@pytest.mark.parametrize("tls", [False, True])
+async def test_a_declined_request_is_answered_by_aiohttp_and_so_is_the_next(tls: bool) -> None:
+    taken: list[Request] = []
+
+    def take(
+        request: Request, transport: asyncio.Transport, done: Callable[[str], None]
+    ) -> Held | None:
+        if request.authorization != b"Bearer fast":
+            done(DECLINE)
+            return None
+        taken.append(request)
+        transport.write(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nfast")
+        done(CLOSE if request.close else KEEP)
+        return None
+
+    async def slow(request: web.Request) -> web.Response:
+        return web.Response(text=f"aiohttp:{(await request.read()).decode()}")
+
+    async def plain(request: web.Request) -> web.Response:
+        return web.Response(text="plain")
+
+    app = web.Application()
+    app.router.add_post("/v1/arrivals", slow)
+    app.router.add_get("/plain", plain)
+    app[FAST_PATH] = Route(PATHS, take, MAX_BODY)
+    server_tls = client_tls = None
+    if tls:  # the hand-over of a TLS connection: aiohttp gets the decrypting transport
+        server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server_tls.load_cert_chain(CERTS / "tls.crt", CERTS / "tls.key")
+        client_tls = ssl.create_default_context(cafile=CERTS / "ca.crt")
+    async with HttpServer(app, "127.0.0.1", 0, ssl_context=server_tls) as server:
+        assert server.port is not None
+        fast = await _exchange(server.port, request(b"Authorization: Bearer fast"), client_tls)
+        declined = await _exchange(server.port, request(b"Authorization: Bearer other"), client_tls)
+    assert fast == b"HTTP/1.1 200 OK fast | HTTP/1.1 200 OK plain"
+    assert declined == b'HTTP/1.1 200 OK aiohttp:{"a": 1} | HTTP/1.1 200 OK plain'
+    assert [r.authorization for r in taken] == [b"Bearer fast"]
