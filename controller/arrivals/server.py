@@ -315,6 +315,17 @@ def arrivals_app(
         for each in list(by_job) if closing else (key,):
             push(each)
 
+    def let_go(key: str, pod: tuple[str, str], me: _Stream) -> None:
+        """A stream has ended (either server's): it is no longer the pod's, nor its job's."""
+        metrics.ARRIVAL_STREAMS.dec()
+        if held.get(pod) is me:
+            del held[pod]
+        group = by_job.get(key)
+        if group is not None and group.get(pod) is me:
+            del group[pod]
+            if not group:
+                del by_job[key]
+
     def push(key: str, force: bool = False, only: _Stream | None = None) -> None:
         """The job's state line to each of its streams (or `only` the one) that has not been
         sent it (`force`: to every one, the heartbeat), and the streams whose report no longer
@@ -421,14 +432,7 @@ def arrivals_app(
         except ConnectionResetError:
             pass  # the agent hung up: it moved on, its pod restarted, or it is gone
         finally:
-            metrics.ARRIVAL_STREAMS.dec()
-            if held.get(pod) is me:
-                del held[pod]
-            group = by_job.get(key)
-            if group is not None and group.get(pod) is me:
-                del group[pod]
-                if not group:
-                    del by_job[key]
+            let_go(key, pod, me)
         return response
 
     async def _check(
@@ -590,14 +594,7 @@ def arrivals_app(
         done(STREAMING)
 
         def ended(why: str) -> None:
-            metrics.ARRIVAL_STREAMS.dec()
-            if held.get(pod) is me:
-                del held[pod]
-            group = by_job.get(key)
-            if group is not None and group.get(pod) is me:
-                del group[pod]
-                if not group:
-                    del by_job[key]
+            let_go(key, pod, me)
             if why == _HUNG_UP or transport.is_closing():
                 done(CLOSE)
                 return
