@@ -30,6 +30,10 @@ _NAME = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _VALUE = re.compile(rb"[\t\x20-\x7e]*")
 """A header value's bytes: visible ASCII, spaces and tabs (no controls, no bare CR or LF)."""
 _DECLINED = frozenset({b"transfer-encoding", b"expect", b"upgrade", b"content-encoding"})
+IDLE_SECONDS = 75.0
+"""A connection that waits this long for its next request is closed, as aiohttp closes an idle
+kept-alive one (its `keepalive_timeout`): the agent of a lost node sends no FIN, and its kept
+connection would otherwise hold a socket for the controller's lifetime."""
 
 
 class Request:
@@ -77,6 +81,7 @@ class Route:
     paths: frozenset[str]
     take: FastPath
     max_body: int
+    idle_seconds: float = IDLE_SECONDS
 
 
 FAST_PATH: web.AppKey[Route] = web.AppKey("fast_path")
@@ -145,6 +150,8 @@ class Switch(asyncio.Protocol):
         "_busy",
         "_factory",
         "_fast",
+        "_idle",
+        "_idle_seconds",
         "_max_body",
         "_open",
         "_paths",
@@ -162,6 +169,8 @@ class Switch(asyncio.Protocol):
         self._fast = route.take
         self._paths = route.paths
         self._max_body = route.max_body
+        self._idle_seconds = route.idle_seconds
+        self._idle: asyncio.TimerHandle | None = None
         self._open = open_
         self._transport: asyncio.Transport | None = None
         self._buffer = b""
@@ -172,10 +181,23 @@ class Switch(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
         self._open.add(self)
+        self._wait_idle()
+
+    def _wait_idle(self) -> None:
+        """Closes the connection if no request comes within `idle_seconds`."""
+        self._stop_idle()
+        loop = asyncio.get_running_loop()
+        self._idle = loop.call_later(self._idle_seconds, self.close)
+
+    def _stop_idle(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
 
     def data_received(self, data: bytes) -> None:
         transport = self._transport
         assert transport is not None
+        self._stop_idle()
         if self._busy is not None:
             # A request while an answer streams: no agent sends one (it waits for the answer).
             transport.abort()
@@ -184,6 +206,7 @@ class Switch(asyncio.Protocol):
         request = parse(buffer, self._paths, self._max_body)
         if request is True:
             self._buffer = buffer
+            self._wait_idle()  # for the rest of it
             return
         self._buffer = b""
         if request is False:
@@ -195,7 +218,9 @@ class Switch(asyncio.Protocol):
             self._busy = held
 
     def _hand_over(self, transport: asyncio.Transport, buffer: bytes) -> None:
-        """aiohttp serves the rest of this connection, from `buffer` on."""
+        """aiohttp serves the rest of this connection, from `buffer` on (its own keep-alive
+        timeout included)."""
+        self._stop_idle()
         self._open.discard(self)
         handler = self._factory()
         transport.set_protocol(handler)
@@ -215,11 +240,14 @@ class Switch(asyncio.Protocol):
             self._hand_over(transport, taken)
         elif outcome == CLOSE:
             transport.close()
+        else:
+            self._wait_idle()  # KEEP: the next request, or the idle timeout
 
     def eof_received(self) -> bool:
         return False  # the client is done: close
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_idle()
         self._open.discard(self)
         busy, self._busy = self._busy, None
         if busy is not None:

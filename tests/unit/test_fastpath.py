@@ -147,3 +147,27 @@ async def test_a_declined_request_is_answered_by_aiohttp_and_so_is_the_next(tls:
     assert fast == b"HTTP/1.1 200 OK fast | HTTP/1.1 200 OK plain"
     assert declined == b'HTTP/1.1 200 OK aiohttp:{"a": 1} | HTTP/1.1 200 OK plain'
     assert [r.authorization for r in taken] == [b"Bearer fast"]
+
+
+async def test_a_kept_connection_that_goes_quiet_is_closed() -> None:
+    # The agent of a lost node sends no FIN: its kept connection must not live forever.
+    def take(
+        request: Request, transport: asyncio.Transport, done: Callable[[str], None]
+    ) -> Held | None:
+        transport.write(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nfast")
+        done(KEEP)
+        return None
+
+    app = web.Application()
+    app[FAST_PATH] = Route(PATHS, take, MAX_BODY, idle_seconds=0.3)
+    async with HttpServer(app, "127.0.0.1", 0) as server:
+        assert server.port is not None
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        started = asyncio.get_running_loop().time()
+        for _ in range(2):  # each request restarts the wait
+            await asyncio.sleep(0.2)
+            writer.write(request(b"Authorization: Bearer fast"))
+            assert await asyncio.wait_for(reader.readuntil(b"fast"), 5)
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the server
+        assert asyncio.get_running_loop().time() - started >= 0.3 + 0.4
+        writer.close()
