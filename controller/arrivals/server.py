@@ -315,6 +315,28 @@ def arrivals_app(
         for each in list(by_job) if closing else (key,):
             push(each)
 
+    def open_stream(posted: Posted, key: str, transport: asyncio.Transport) -> _Stream:
+        """A checked report (either server's) into the book, and its stream, the pod's own."""
+        accepted.inc()
+        if book.record(posted.namespace, posted.pod, posted.report, job=key):
+            on_report(key)
+        me = _Stream(posted.namespace, posted.pod, posted.report.uid, transport)
+        pod = (posted.namespace, posted.pod)
+        older = held.get(pod)
+        held[pod] = me
+        if older is not None:
+            # The pod's agent reports again: its old stream ends, at a chunk's boundary, so
+            # that the agent may keep that connection for its next request.
+            older.end(_SUPERSEDED)
+        metrics.ARRIVAL_STREAMS.inc()
+        return me
+
+    def take_progress(posted: PostedProgress, key: str) -> None:
+        """A checked progress summary (either server's) into the book."""
+        progress_accepted.inc()
+        if book.record_progress(key, posted.pod, posted.progress(clock())) and on_news:
+            on_news(key)
+
     def let_go(key: str, pod: tuple[str, str], me: _Stream) -> None:
         """A stream has ended (either server's): it is no longer the pod's, nor its job's."""
         metrics.ARRIVAL_STREAMS.dec()
@@ -396,18 +418,8 @@ def arrivals_app(
         transport = request.transport
         if transport is None:
             raise ConnectionResetError  # the agent hung up already
-        accepted.inc()
-        if book.record(posted.namespace, posted.pod, posted.report, job=key):
-            on_report(key)
-        me = _Stream(posted.namespace, posted.pod, posted.report.uid, transport)
+        me = open_stream(posted, key, transport)
         ended = me.ended = asyncio.get_running_loop().create_future()
-        older = held.get(pod)
-        held[pod] = me
-        if older is not None:
-            # The pod's agent reports again: its old stream ends, at a chunk's boundary, so
-            # that the agent may keep that connection for its next request.
-            older.end(_SUPERSEDED)
-        metrics.ARRIVAL_STREAMS.inc()
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         response.enable_chunked_encoding()
         try:
@@ -493,9 +505,7 @@ def arrivals_app(
         if isinstance(checked, web.Response):
             return checked
         posted, key = checked
-        progress_accepted.inc()
-        if book.record_progress(key, posted.pod, posted.progress(clock())) and on_news:
-            on_news(key)
+        take_progress(posted, key)
         return web.Response(body=_TAKEN, status=202, content_type="application/json")
 
     def fast(
@@ -568,9 +578,7 @@ def arrivals_app(
         last = CLOSE if request.close else KEEP
         close = b"Connection: close\r\n" if request.close else b""
         if isinstance(posted, PostedProgress):
-            progress_accepted.inc()
-            if book.record_progress(key, posted.pod, posted.progress(clock())) and on_news:
-                on_news(key)
+            take_progress(posted, key)
             transport.write(_TAKEN_HEAD + date_header() + close + b"\r\n" + _TAKEN)
             done(last)
             return None
@@ -578,15 +586,7 @@ def arrivals_app(
         if len(held) >= limits.streams and pod not in held:
             done(DECLINE)
             return None
-        accepted.inc()
-        if book.record(posted.namespace, posted.pod, posted.report, job=key):
-            on_report(key)
-        me = _Stream(posted.namespace, posted.pod, posted.report.uid, transport)
-        older = held.get(pod)
-        held[pod] = me
-        if older is not None:
-            older.end(_SUPERSEDED)
-        metrics.ARRIVAL_STREAMS.inc()
+        me = open_stream(posted, key, transport)
         line = line_of(key, obj)
         framed = b"%x\r\n%b\r\n" % (len(line), line)
         transport.write(_STREAM_HEAD + date_header() + close + b"\r\n" + framed)
@@ -683,11 +683,15 @@ class _Review:
             self.task.cancel()
 
 
+def _failure(status: int, message: str) -> dict[str, Any]:
+    """A refusal's body, a Kubernetes `Status`."""
+    return {"kind": "Status", "status": "Failure", "code": status, "message": message}
+
+
 def _refusal(status: int, result: str, message: str, counter: Counter) -> bytes:
     """`_error`'s answer as the fast path writes it."""
     counter.labels(result).inc()
-    body = json.dumps({"kind": "Status", "status": "Failure", "code": status, "message": message})
-    data = body.encode()
+    data = json.dumps(_failure(status, message)).encode()
     return b"HTTP/1.1 %d %s\r\nContent-Type: application/json; charset=utf-8\r\n" % (
         status,
         HTTPStatus(status).phrase.encode(),
@@ -712,8 +716,7 @@ def _error(
     headers: dict[str, str] | None = None,
 ) -> web.Response:
     counter.labels(result).inc()
-    body = {"kind": "Status", "status": "Failure", "code": status, "message": message}
-    return web.json_response(body, status=status, headers=headers)
+    return web.json_response(_failure(status, message), status=status, headers=headers)
 
 
 def _not_leading(counter: Counter = metrics.ARRIVAL_REPORTS) -> web.Response:
