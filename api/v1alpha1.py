@@ -833,6 +833,10 @@ class ElasticSpec(_Model):
         "its new pod. Not with `restart.mode: Recreate`, which keeps no pod.",
     )
 
+    def admits(self, replicas: int) -> bool:
+        """Whether `replicas` is within the bounds."""
+        return self.min_replicas <= replicas <= self.max_replicas
+
     @model_validator(mode="after")
     def _ordered(self) -> Self:
         if self.min_replicas > self.max_replicas:
@@ -1042,7 +1046,7 @@ class Role(_Model):
     @model_validator(mode="after")
     def _elastic_bounds(self) -> Self:
         if self.elastic is not None:
-            if not self.elastic.min_replicas <= self.replicas <= self.elastic.max_replicas:
+            if not self.elastic.admits(self.replicas):
                 raise ValueError(f"roles[{self.name}].{ROLE_REPLICAS_IN_BOUNDS}")
             if self.depends_on:
                 raise ValueError(f"roles[{self.name}].{ELASTIC_ROLE_DEPENDS}")
@@ -1156,6 +1160,13 @@ def _immutable(field: str) -> JsonValue:
 IMMUTABLE_FIELDS: Final = ("replicas", "template", "roles", "coordinator", "masterPort")
 """Fields of `spec` the apiserver refuses to change once the GangJob exists (docs/api.md)."""
 
+_KEEPS_PODS: Final = "!has(self.restart) || !has(self.restart.mode) || " + " && ".join(
+    f"self.restart.mode != '{mode}'"
+    for mode, meaning in RESTART_MODES.items()
+    if not meaning.in_place
+)
+"""CEL, on the spec: its restart mode keeps the pods (spares need it)."""
+
 _SPEC_RULES: Final[list[JsonValue]] = [
     {
         "rule": "has(self.roles) != has(self.replicas)",
@@ -1249,24 +1260,13 @@ _SPEC_RULES: Final[list[JsonValue]] = [
     },
     {
         "rule": "!has(self.roles) || !self.roles.exists(r, has(r.elastic) && "
-        "has(r.elastic.spares) && r.elastic.spares > 0) || "
-        "!has(self.restart) || !has(self.restart.mode) || "
-        + " && ".join(
-            f"self.restart.mode != '{mode}'"
-            for mode, meaning in RESTART_MODES.items()
-            if not meaning.in_place
-        ),
+        "has(r.elastic.spares) && r.elastic.spares > 0) || " + _KEEPS_PODS,
         "message": "roles[]." + SPARES_NEED_IN_PLACE,
         "fieldPath": ".roles",
     },
     {
         "rule": "!has(self.elastic) || !has(self.elastic.spares) || self.elastic.spares == 0 || "
-        "!has(self.restart) || !has(self.restart.mode) || "
-        + " && ".join(
-            f"self.restart.mode != '{mode}'"
-            for mode, meaning in RESTART_MODES.items()
-            if not meaning.in_place
-        ),
+        + _KEEPS_PODS,
         "message": SPARES_NEED_IN_PLACE,
         "fieldPath": ".elastic.spares",
     },
@@ -1475,7 +1475,7 @@ class GangJobSpec(_Model):
         if self.elastic is not None:
             if self.replicas is None:
                 raise ValueError(ELASTIC_ON_ROLE)
-            if not self.elastic.min_replicas <= self.replicas <= self.elastic.max_replicas:
+            if not self.elastic.admits(self.replicas):
                 raise ValueError(
                     "replicas must be within spec.elastic.minReplicas..spec.elastic.maxReplicas"
                 )

@@ -268,7 +268,7 @@ class AsyncClient:
                     "replicas are immutable"
                 )
             bounds = elastic.bounds
-            if not bounds.min_replicas <= replicas <= bounds.max_replicas:
+            if not bounds.admits(replicas):
                 raise JobError(
                     f"--replicas {replicas}: must be within {elastic.field}.minReplicas.."
                     f"maxReplicas ({bounds.min_replicas}..{bounds.max_replicas})"
