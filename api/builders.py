@@ -40,6 +40,22 @@ def role(
     return body
 
 
+def leader_and_elastic(
+    body: dict[str, Any], workers: int, elastic: Mapping[str, Any], leaders: int = 1
+) -> dict[str, Any]:
+    """`body`, a job of one role (`replicas` + `template`), made a job of two roles of its
+    template: `leader`, `leaders` fixed workers (the coordinator among them), then `worker`,
+    `workers` of them, elastic (`spec.roles[].elastic`, which only the last role may be).
+    Changes `body` and returns it."""
+    spec = body["spec"]
+    template = spec.pop("template")
+    spec.pop("replicas")
+    worker = role("worker", workers, template)
+    worker["elastic"] = dict(elastic)
+    spec["roles"] = [role("leader", leaders, template), worker]
+    return body
+
+
 def gangjob(
     name: str,
     replicas: int | None,

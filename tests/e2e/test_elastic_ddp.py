@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from api.builders import leader_and_elastic
 from controller.k8s import GANGJOBS, JsonDict, Kube
 from localcluster.cluster import Cluster
 from localcluster.tools import ControllerProcess
@@ -28,18 +29,10 @@ STEPS = 45
 
 def elastic_job(name: str, checkpoints: Path, image: str) -> JsonDict:
     job = sample_job(name, "Process", checkpoints, image)
-    spec = job["spec"]
-    template = spec.pop("template")
-    spec.pop("replicas")
-    for env in template["spec"]["containers"][0]["env"]:
+    for env in job["spec"]["template"]["spec"]["containers"][0]["env"]:
         if env["name"] == "TRAIN_STEPS":
             env["value"] = str(STEPS)
-    spec["roles"] = [
-        {"name": "leader", "replicas": 1, "template": template},
-        {"name": "worker", "replicas": 2, "template": template,
-         "elastic": {"minReplicas": 1, "maxReplicas": 2}},
-    ]  # fmt: skip
-    return job
+    return leader_and_elastic(job, 2, {"minReplicas": 1, "maxReplicas": 2})
 
 
 async def resized(kube: Kube, ns: str, name: str, size: int, epoch: int) -> JsonDict:

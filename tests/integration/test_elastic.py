@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from agent.protocol import read_world_file
-from api.builders import gangjob
+from api.builders import gangjob, leader_and_elastic
 from api.constants import KUEUE_QUEUE_NAME_LABEL
 from controller.k8s import (
     CORE_EVENTS,
@@ -253,13 +253,7 @@ async def test_a_job_queued_by_kueue_keeps_the_size_kueue_admitted(
     body = gangjob("queued-roles", 1, labels={KUEUE_QUEUE_NAME_LABEL: "team-a"},
                    image="localhost/busybox:dev", command=["sleep", "1"],
                    spec={"suspend": True})  # fmt: skip
-    template = body["spec"].pop("template")
-    body["spec"].pop("replicas")
-    body["spec"]["roles"] = [
-        {"name": "leader", "replicas": 1, "template": template},
-        {"name": "worker", "replicas": 2, "template": template,
-         "elastic": {"minReplicas": 1, "maxReplicas": 4}},
-    ]  # fmt: skip
+    leader_and_elastic(body, 2, {"minReplicas": 1, "maxReplicas": 4})
     await sim_kube.create(GANGJOBS, body, namespace)
     body["spec"]["roles"][1]["replicas"] = 3
     with pytest.raises(ApiError) as caught:
@@ -403,15 +397,7 @@ def _roles_body(gang: Gang, name: str, workers: int, **elastic: Any) -> JsonDict
         pod_labels={SIMULATED_KUBELET_LABEL: "true"},
         spec={"restart": {"mode": "Process"}},
     )  # fmt: skip
-    spec = body["spec"]
-    template = spec.pop("template")
-    spec.pop("replicas")
-    spec["roles"] = [
-        {"name": "leader", "replicas": 1, "template": template},
-        {"name": "worker", "replicas": workers, "template": template,
-         "elastic": {"minReplicas": 1, "maxReplicas": 4, **elastic}},
-    ]  # fmt: skip
-    return body
+    return leader_and_elastic(body, workers, {"minReplicas": 1, "maxReplicas": 4, **elastic})
 
 
 async def test_an_elastic_role_resizes_in_place_around_the_fixed_roles(

@@ -32,6 +32,7 @@ from agent.protocol import (
     world_file_text,
 )
 from agent.watch import newest
+from api.builders import leader_and_elastic
 from api.constants import (
     ANNOTATION_EPOCH,
     BARRIER_PATH,
@@ -81,16 +82,7 @@ def test_min_above_max_is_refused() -> None:
 
 def roles_job(workers: int = 3, leaders: int = 1, **elastic: Any) -> dict[str, Any]:
     """A leader role (the coordinator) and an elastic role `worker`, last."""
-    body = job_dict(2)
-    spec = body["spec"]
-    template = spec.pop("template")
-    spec.pop("replicas")
-    spec["roles"] = [
-        {"name": "leader", "replicas": leaders, "template": template},
-        {"name": "worker", "replicas": workers, "template": template,
-         "elastic": {**ELASTIC, **elastic}},
-    ]  # fmt: skip
-    return body
+    return leader_and_elastic(job_dict(2), workers, {**ELASTIC, **elastic}, leaders)
 
 
 def test_an_elastic_role_bounds_the_workers_numbered_after_the_other_roles() -> None:

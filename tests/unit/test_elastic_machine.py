@@ -37,6 +37,7 @@ from agent.protocol import (
     in_world,
     target_epoch,
 )
+from api.builders import leader_and_elastic
 from api.constants import ENV_RANK, ENV_WORLD_SIZE, REASON_SPARE_TOOK_OVER
 from api.v1alpha1 import (
     GangJob,
@@ -401,14 +402,8 @@ class ElasticRoleMachine(ElasticMachine):
 
     def job_body(self, replicas: int, barrier_timeout: int, spares: int, wait: int) -> Any:
         body = super().job_body(replicas, barrier_timeout, spares, wait)
-        spec = body["spec"]
-        template, elastic = spec.pop("template"), spec.pop("elastic")
-        spec["roles"] = [
-            {"name": "leader", "replicas": self.fixed, "template": template},
-            {"name": "worker", "replicas": spec.pop("replicas"), "template": template,
-             "elastic": elastic},
-        ]  # fmt: skip
-        return body
+        elastic = body["spec"].pop("elastic")
+        return leader_and_elastic(body, replicas, elastic, self.fixed)
 
     def set_replicas(self, replicas: int) -> None:
         self.obj["spec"]["roles"][-1]["replicas"] = replicas
