@@ -10,14 +10,16 @@ import benchmarks.scale
 from benchmarks.common import until_terminated
 from benchmarks.scale.runner import run
 from benchmarks.scale.settings import (
+    DEFAULT_MODES,
     HANG,
-    MODES,
+    IN_PLACE_TLS,
     NODE_LOSS,
     PEER_MAX_SIZE,
     PEER_QPS,
     PEERS,
     PROGRESS_WINDOW_S,
     SELECTABLE_MODES,
+    TLS_MAX_SIZE,
     WAIT_BOUND_S,
     Settings,
 )
@@ -57,10 +59,11 @@ def main() -> int:
     )
     p.add_argument(
         "--modes",
-        default=",".join(MODES),
-        help=f"measurements to take, comma-separated (default: all of {','.join(MODES)}; "
-        f"{HANG}, a hung trainer's detection and restart, and {','.join(NODE_LOSS)}, a node "
-        "lost with no room for its worker, only when named)",
+        default=",".join(DEFAULT_MODES),
+        help=f"measurements to take, comma-separated (default: all of {','.join(DEFAULT_MODES)}, "
+        f"{IN_PLACE_TLS} at N <= {TLS_MAX_SIZE} only; {HANG}, a hung trainer's detection and "
+        f"restart, and {','.join(NODE_LOSS)}, a node lost with no room for its worker, only "
+        "when named)",
     )
     p.add_argument(
         "--peers",

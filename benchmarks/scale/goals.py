@@ -51,6 +51,8 @@ TLS_OVER_PLAIN_MAX, TLS_AT = 1.10, 1000
 """In-place restart with arrivals over TLS / over plain HTTP (same run)."""
 PROCESS_MAX_S, PROCESS_AT = 3.0, 5000
 """Process mode in place, the trainer's exit -> barrier written, median."""
+CONTROLLER_CPU_MAX_S, CONTROLLER_CPU_AT = 1.0, 5000
+"""The controller's CPU within one Process-mode restart, median: 0.2 ms per arrival at 5000."""
 NODE_LOSS_OVER_IN_PLACE_MAX, NODE_LOSS_AT = 1.2, 1000
 """A node lost in an elastic gang (shrinking, or with a spare), failure visible -> barrier,
 against an in-place restart."""
@@ -356,6 +358,28 @@ def process_mode(results: Results) -> list[Verdict]:
     return [Verdict(goal, t <= PROCESS_MAX_S, f"{t:.2f} s", slowest(res, "process"))]
 
 
+def controller_cpu(results: Results) -> list[Verdict]:
+    """The controller's own cost of a Process-mode restart, where it is the busiest process
+    (no kubelet writes): its CPU over the restart's span, and that per worker (one arrival
+    each)."""
+    n = CONTROLLER_CPU_AT
+    goal = (
+        f"controller CPU per Process restart <= {CONTROLLER_CPU_MAX_S:g} s at N={n} "
+        f"({1000 * CONTROLLER_CPU_MAX_S / n:g} ms per arrival)"
+    )
+    res, why = _at(results, n)
+    cpu = median(res, "process", "controller_cpu_s") if res else None
+    if res is None or cpu is None:
+        return [Verdict(goal, None, "", why or f"no process restart measured at N={n}")]
+    per = 1000 * cpu / n
+    figures = f"{cpu:.2f} s ({per:.3f} ms per arrival)"
+    held = (
+        f"the controller process: {cpu:.2f} s over the restart (its reconcile passes and "
+        "arrival endpoint; `--py-spy-controller DIR` samples it)"
+    )
+    return [Verdict(goal, cpu <= CONTROLLER_CPU_MAX_S, figures, held)]
+
+
 def progress(results: Results) -> list[Verdict]:
     """`--progress`: what progress costs the controller at N=5000, and a restart at N=1000."""
     out = []
@@ -461,6 +485,7 @@ def verdicts(results: list[dict[str, Any]], settings: Settings) -> list[Verdict]
         lambda: controller_rss(by_n),
         lambda: api_requests(by_n),
         lambda: process_mode(by_n),
+        lambda: controller_cpu(by_n),
         lambda: progress(by_n),
         lambda: tls(by_n),
         lambda: in_a_row(by_n),

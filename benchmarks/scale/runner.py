@@ -62,6 +62,7 @@ from benchmarks.scale.settings import (
     RESIZE,
     STEADY,
     STEADY_PROGRESS,
+    TLS_MAX_SIZE,
     WITH_PROGRESS,
     Settings,
 )
@@ -125,7 +126,7 @@ async def run_size(w: World) -> dict[str, Any]:
                     measure_gang, w, gang=gang, mode=mode, rows=rows, reports=reports
                 ),
             )  # fmt: skip
-        if IN_PLACE_TLS in w.settings.modes:
+        if IN_PLACE_TLS in w.settings.modes and w.n <= TLS_MAX_SIZE:
             await measure_tls(w, startup, rows)
         # The peer last, on the same nodes, once GangJob's gangs are gone.
         if w.peer is not None and w.n <= w.settings.peer_max_size:

@@ -26,8 +26,11 @@ RESIZE = "resize"
 RESIZE_ROWS = ("resize-down", "resize-up")
 IN_PLACE_TLS = "in-place-tls"
 """The in-place restart of a gang of its own with the controller serving arrivals over TLS (its
-own certificate, on uvloop, as deployed), after the in-place gang with plain HTTP on asyncio:
-taken only when `--modes` names it (the controller is restarted for it, and back after)."""
+own certificate, as deployed), after the in-place gang with plain HTTP: the controller is
+restarted for it, and back after. Taken by default, at N <= `TLS_MAX_SIZE` only."""
+TLS_MAX_SIZE = 1000
+"""The largest N of `in-place-tls`: its goal is judged at N=1000, and at N=5000 a second gang
+of 5000 would be the run's longest part."""
 NODE_LOST_SPARE, NODE_LOST_SPARE_POD, NODE_LOST_SHRINK, NODE_LOST_WAIT = (
     "node-lost-spare", "node-lost-spare-pod", "node-lost-shrink", "node-lost-wait",
 )  # fmt: skip
@@ -47,6 +50,8 @@ WAIT_BOUND_S = 30.0
 """How long `node-lost-wait` watches the gang wait for a worker no node can take."""
 SELECTABLE_MODES = (*MODES, HANG, RESIZE, IN_PLACE_TLS, *NODE_LOSS)
 """What `--modes` may name."""
+DEFAULT_MODES = (*MODES, IN_PLACE_TLS)
+"""What a run takes unless `--modes` says otherwise."""
 PEERS = ("jobset",)
 """Peers `--peers` can measure beside GangJob in the same run."""
 JOBSET, JOBSET_RAISED = "jobset", "jobset-raised"
@@ -98,7 +103,7 @@ class Settings:
     scheduler_qps: int | None = None
     endpoint_batch: float | None = None
     """The controller-manager's endpoint update batching period (seconds; default none)."""
-    modes: tuple[str, ...] = MODES
+    modes: tuple[str, ...] = DEFAULT_MODES
     """Which measurements to take (all by default: they are meant side by side)."""
     peers: tuple[str, ...] = ()
     """Peers to restart the same gang with (`PEERS`), at every size up to `peer_max_size`."""

@@ -239,7 +239,7 @@ async def test_the_jobset_peer_restarts_the_same_gang_and_the_goals_are_printed(
     assert "- JobSet: slowest step " in md
     assert "the controller-manager's client allows 500/s" in md
     goals = md.split("## Goals (printed, not asserted)\n\n")[1].strip().splitlines()
-    assert len(goals) == 23  # progress 2, in a row 2, resize 2, node loss 4, TLS 1
+    assert len(goals) == 24  # progress 2, in a row 2, resize 2, node loss 4, TLS 1, CPU 1
     for line in goals:
         assert line.startswith("- "), line
         assert line.endswith(" met") or "not met (" in line or "not measured (" in line, line

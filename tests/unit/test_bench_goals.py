@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.scale.goals import in_a_row, progress, resize, tls
+from benchmarks.scale.goals import controller_cpu, in_a_row, progress, resize, tls
 
 
 def runs(mode: str, seconds: list[float], rss: list[float]) -> list[dict[str, Any]]:
@@ -100,3 +100,19 @@ def test_tls_is_judged_on_its_twin_against_plain_in_place() -> None:
     (missing,) = tls({100: {"workers": 100, "modes": {}}})
     assert missing.met is None
     assert "N=1000 not in this run" in missing.why
+
+
+def test_controller_cpu_is_judged_on_the_process_restart_at_5000() -> None:
+    def at(cpu: float) -> dict[int, dict[str, Any]]:
+        modes = {"process": {"controller_cpu_s": {"median": cpu}}}
+        return {5000: {"workers": 5000, "modes": modes}}
+
+    (verdict,) = controller_cpu(at(0.9))
+    assert verdict.met is True
+    assert verdict.figures == "0.90 s (0.180 ms per arrival)"
+    (verdict,) = controller_cpu(at(2.4))
+    assert verdict.met is False
+    assert verdict.why.startswith("the controller process: 2.40 s")
+    (missing,) = controller_cpu({1000: {"workers": 1000, "modes": {}}})
+    assert missing.met is None
+    assert "N=5000 not in this run" in missing.why
