@@ -177,9 +177,10 @@ def node_lost(node_name: str, node: NodeView | None) -> str | None:
     None if it is not."""
     if node is None:
         return f"node {node_name} is gone"
-    for taint in _NODE_LOST_TAINTS:
-        if node.has_taint(taint):
-            return f"node {node_name} has taint {taint}"
+    if node.taints:  # most nodes have none: asked for each of N pods, every pass
+        for taint in _NODE_LOST_TAINTS:
+            if node.has_taint(taint):
+                return f"node {node_name} has taint {taint}"
     # A node with no Ready condition yet is not lost: it just registered, or the cache's copy
     # predates its kubelet's first status (a pod the scheduler bound to it says it is Ready
     # by now). If its kubelet never reports, the node lifecycle controller sets Ready
@@ -262,7 +263,7 @@ def _node_signals(s: _Signals, ctx: Context, pod: PodView, node: NodeView | None
 
 
 def _device_signals(s: _Signals, ctx: Context, pod: PodView, node: NodeView | None) -> None:
-    for container in (*pod.init_containers, *pod.containers):
+    for container in pod.all_containers:
         for resource in container.unhealthy_resources:
             s.add(
                 FailureClass.DEVICE_UNHEALTHY,
@@ -356,7 +357,7 @@ def _exit_signals(s: _Signals, ctx: Context, pod: PodView) -> None:
         )
     # The durable trace of a restart the transient condition above may have been missed for:
     # a container that ended after the barrier opened, while the worker was running.
-    for container in (*pod.init_containers, *pod.containers):
+    for container in pod.all_containers:
         _durable_exit(s, ctx, container)
 
 
@@ -452,7 +453,7 @@ def _cannot_restart_in_place(ctx: Context, pod: PodView) -> bool:
 
 def _device_health(pod: PodView) -> frozenset[str]:
     health: set[str] = set()
-    for container in (*pod.init_containers, *pod.containers):
+    for container in pod.all_containers:
         if container.unhealthy_resources:
             health.add(DeviceHealth.UNHEALTHY)
         if container.unknown_health_resources:

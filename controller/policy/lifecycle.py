@@ -190,7 +190,11 @@ def create(p: Pass) -> bool:
     keep_off: list[str] | None = None
     # A dropped worker keeps a pod, pending: once it is placed, the gang grows back (or it
     # is a spare).
+    workers = p.gang.workers
     for rank in sorted({*p.active(), *_background(p)}):
+        present = workers.get(rank)
+        if present is not None and present.name not in forced:
+            continue  # its pod has the worker's name (`sort_pods`), which is taken
         if naming.worker_pod_name(job, rank) in taken:
             continue
         try:

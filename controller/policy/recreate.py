@@ -87,7 +87,9 @@ def to_recreate(p: Pass, restarting: list[Decision]) -> set[int]:
         if d.action is FailureAction.RECREATE_WORKER or not d.failure.in_place
     }
     ranks.update(rank for rank in active if rank not in p.gang.workers)
-    ranks.update(rank for rank in active if rank in p.gang.live and _stuck(p, p.gang.live[rank]))
+    wrapped = RESTART_MODES[p.effective_mode].agent is AgentPlacement.WRAPPER
+    live = p.gang.live
+    ranks.update(rank for rank in active if rank in live and _stuck(p, live[rank], wrapped))
     return ranks
 
 
@@ -100,17 +102,18 @@ def avoid_unhealthy_devices(p: Pass, restarting: list[Decision], recreated: set[
             p.avoid(node)
 
 
-def _stuck(p: Pass, pod: PodView) -> tuple[FailureClass, str] | None:
+def _stuck(p: Pass, pod: PodView, wrapped: bool) -> tuple[FailureClass, str] | None:
     """Why a live worker cannot restart in place (its pod finished, its node is lost, or in
-    `Process` mode its trainer's container, the agent, is dead), or None."""
+    `Process` mode, `wrapped`, its trainer's container, the agent, is dead), or None."""
     if pod.phase in POD_TERMINAL:
         return FailureClass.POD_FAILED, f"pod is {pod.phase}"
     lost = p.node_lost(pod)
     if lost is not None:
         return FailureClass.NODE_LOST, lost
+    if not wrapped:
+        return None
     trainer = pod.container(p.job.spec.role_of(pod.rank or 0).trainer_container_name)
-    wrapped = RESTART_MODES[p.effective_mode].agent is AgentPlacement.WRAPPER
-    if wrapped and trainer and trainer.state == "terminated":
+    if trainer and trainer.state == "terminated":
         return FailureClass.PROCESS_EXIT, f"container {trainer.name} (the agent) terminated"
     return None
 
@@ -138,12 +141,13 @@ def recreate_laggards(p: Pass) -> bool:
     )
     timeout = p.job.spec.restart.barrier_timeout_seconds
     staying = p.staying()
+    wrapped = RESTART_MODES[p.effective_mode].agent is AgentPlacement.WRAPPER
     for rank in p.active():
         pod = staying.get(rank)
         if pod is None or pod.arrived_epoch == p.status.epoch:
             continue
         failure: classify.Failure | None = None
-        stuck = None if at_epoch(pod, p.status.epoch) else _stuck(p, pod)
+        stuck = None if at_epoch(pod, p.status.epoch) else _stuck(p, pod, wrapped)
         if stuck is not None:
             cls, detail = stuck
             failure = classify.Failure(rank, cls, detail, node_name=pod.node_name, in_place=False)

@@ -86,23 +86,27 @@ def statuses(p: Pass) -> list[RoleStatus]:
     out: list[RoleStatus] = []
     for role in p.job.spec.effective_roles:
         progress = p.roles.get(role.name, RoleProgress(RoleState.WAITING))
-        workers = _workers(p, role)
-        pods = [staying[w] for w in workers if w in staying]
-        trainer = role.trainer_container_name
-        succeeded = (
-            role.replicas
-            if progress.state is RoleState.COMPLETE
-            else sum(worker_succeeded(pod, p.status.epoch, trainer) for pod in pods)
-        )
+        trainer, epoch = role.trainer_container_name, p.status.epoch
+        complete = progress.state is RoleState.COMPLETE
+        # One walk over the role's pods for every count: a pass over a gang of 5000 made four.
+        ready = arrived = succeeded = failed = 0
+        for w in _workers(p, role):
+            pod = staying.get(w)
+            if pod is None:
+                continue
+            ready += pod.ready
+            arrived += pod.arrived_epoch == epoch
+            succeeded += not complete and worker_succeeded(pod, epoch, trainer)
+            failed += _failed(pod, epoch, trainer)
         out.append(
             RoleStatus(
                 name=role.name,
                 state=progress.state,
                 replicas=role.replicas,
-                ready=sum(pod.ready for pod in pods),
-                arrived=sum(pod.arrived_epoch == p.status.epoch for pod in pods),
-                succeeded=succeeded,
-                failed=sum(_failed(pod, p.status.epoch, trainer) for pod in pods),
+                ready=ready,
+                arrived=arrived,
+                succeeded=role.replicas if complete else succeeded,
+                failed=failed,
                 started_late_at=progress.started_late_at,
             )
         )

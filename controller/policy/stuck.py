@@ -329,9 +329,7 @@ def _laggard(p: Pass, worker: int, pod: PodView | None) -> str:
     if scheduled is not None and scheduled[0] == "False" and scheduled[1]:
         state += f", {scheduled[1]}"
     waiting = [
-        f"{c.name} {c.reason}"
-        for c in (*pod.init_containers, *pod.containers)
-        if c.state == "waiting" and c.reason
+        f"{c.name} {c.reason}" for c in pod.all_containers if c.state == "waiting" and c.reason
     ]
     if waiting:
         state += f", waiting: {', '.join(waiting[:2])}"
@@ -342,14 +340,16 @@ def _containers(
     p: Pass, match: Callable[[ContainerView], bool]
 ) -> list[tuple[int, PodView, ContainerView]]:
     """(worker, pod, container) of the live running-role workers' containers that match, in
-    worker order."""
+    worker order. `match` sees only the containers waiting or starting
+    (`PodView.unsettled_containers`): what these checks look for is never running past its
+    startup probe, nor terminated."""
     staying = p.staying()
     hits: list[tuple[int, PodView, ContainerView]] = []
     for worker in p.active():
         pod = staying.get(worker)
-        if pod is None or pod.phase in POD_TERMINAL:
+        if pod is None or not pod.unsettled_containers or pod.phase in POD_TERMINAL:
             continue
-        hits.extend((worker, pod, c) for c in (*pod.init_containers, *pod.containers) if match(c))
+        hits.extend((worker, pod, c) for c in pod.unsettled_containers if match(c))
     return hits
 
 

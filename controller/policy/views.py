@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
+from functools import cached_property
 from typing import Any, Final, Literal
 
 from api.constants import (
@@ -298,7 +299,31 @@ class PodView:
 
     def container(self, name: str) -> ContainerView | None:
         """The status of the (regular) container of this name, if the kubelet reported one."""
-        return next((c for c in self.containers if c.name == name), None)
+        return self._by_name.get(name)
+
+    @cached_property
+    def _by_name(self) -> Mapping[str, ContainerView]:
+        # A pass looks up a container of each of N pods several times, and a view serves every
+        # pass until its pod changes: one walk per view. The first of a name, as the API lists.
+        by_name: dict[str, ContainerView] = {}
+        for c in self.containers:
+            by_name.setdefault(c.name, c)
+        return by_name
+
+    @cached_property
+    def all_containers(self) -> tuple[ContainerView, ...]:
+        """The init containers' statuses, then the regular containers'."""
+        return (*self.init_containers, *self.containers)
+
+    @cached_property
+    def unsettled_containers(self) -> tuple[ContainerView, ...]:
+        """Of `all_containers`, those waiting, or running and not through their startup probe:
+        the only ones a stuck gang's checks look at, and in a running gang none."""
+        return tuple(
+            c
+            for c in self.all_containers
+            if c.state == "waiting" or (c.state == "running" and c.started is not True)
+        )
 
     @classmethod
     def from_pod(cls, obj: Mapping[str, Any]) -> PodView:
