@@ -246,6 +246,10 @@ class Manager:
         if event.type == "DELETED":
             metrics.forget_job(*event.key.split("/", 1))
             self._planning.pop(event.key, None)
+        elif event.type == "MODIFIED" and self.reconciler.echo_of_settled_write(
+            event.key, event.obj
+        ):
+            return  # the streams have the news; a pass would decide nothing new
         self._enqueue(event.key)
 
     def _pod_job(self, namespace: str, pod: str) -> str | None:

@@ -180,6 +180,25 @@ class Plan:
     """Workers still running when the job finished, stopped but kept (`spec.cleanPodPolicy`)."""
     place_pods: list[PodPlacement] = field(default_factory=list)
     """New workers of a Kueue pod group kept off nodes, then ungated (`PLACEMENT_GATE`)."""
+    every_step: bool = True
+    """Every step ran: none ended the pass for the next one to go on from its outcome."""
+
+    def settled(self) -> bool:
+        """Planning again over this plan's status alone decides nothing new: every step ran and
+        the plan asks for nothing but the status (and Events). Plan over a carried-out plan
+        repeats nothing (tests/unit/test_plan.py), so once the status is stored, only a change
+        of something else (a pod, a node, a report, the spec, a timer) needs another pass."""
+        return self.every_step and not (
+            self.create_service
+            or self.create_pods
+            or self.delete_pods
+            or self.delete_job
+            or self.create_workload
+            or self.create_pod_group
+            or self.release_finalizers
+            or self.stop_pods
+            or self.place_pods
+        )
 
 
 @dataclass(frozen=True)
@@ -221,6 +240,8 @@ class Pass:
     restart_finished: RestartRecord | None = None
     roles: dict[str, RoleProgress] = field(default_factory=dict)
     """Role name -> its state; read from `status.roles`, advanced by `roles.advance`."""
+    every_step: bool = True
+    """No step ended the pass early (`Plan.every_step`)."""
     stragglers: list[Straggler] | None = None
     """The workers found straggling in this pass (`straggler.find`); None: the job does not
     look for stragglers, or the pass ended before."""
@@ -395,6 +416,7 @@ class Pass:
             release_finalizers=self.release_finalizers,
             stop_pods=list(self.stop_pods.values()),
             place_pods=self.place_pods,
+            every_step=self.every_step,
         )
 
 

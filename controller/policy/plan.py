@@ -118,6 +118,8 @@ def plan(observed: Observed, config: PlanConfig = _DEFAULT_CONFIG) -> Plan:
     )
     for step in STEPS:
         if step(p):
+            # The last step ends every pass it reaches: that pass ran them all.
+            p.every_step = step is STEPS[-1]
             break
     progress.account(p)
     p.finish_status(roles.statuses(p))

@@ -21,9 +21,15 @@ from api.v1alpha1 import (
 from controller.policy.plan import Observed, plan
 from tests.unit.builders import JOB_NAME, T0, make_job, make_pod, with_status
 from tests.unit.gangs import (
+    GANG_NOW,
     carry_out,
+    crashed,
+    gang,
     names,
     observe,
+    restarting_status,
+    running_status,
+    worker,
 )
 
 # --- properties -----------------------------------------------------------------------------
@@ -95,6 +101,55 @@ def test_plan_is_idempotent(observed: Observed) -> None:
         assert second.delete_job == first.delete_job
         if not deletions:
             assert second.delete_pods == first.delete_pods
+
+
+@st.composite
+def restarts(draw: st.DrawFn) -> Observed:
+    """A whole gang mid-run or mid-restart: each worker arrived at the epoch or the one before,
+    some crashed, in either restart mode; most of their plans ask for nothing but the status.
+
+    A trainer's exit carries its time, as kubelets write it, a second or more before the pass:
+    one of the barrier's own second is judged new once the barrier is open
+    (`classify._of_this_epoch`), which planning the same observation again cannot tell from
+    the restart the worker came back from; the pod's next change decides it."""
+    replicas = draw(st.integers(min_value=1, max_value=4))
+    epoch = draw(st.integers(min_value=1, max_value=3))
+    shut = draw(st.booleans())
+    status = restarting_status(epoch) if shut else running_status(epoch)
+    now = GANG_NOW + timedelta(seconds=draw(st.integers(min_value=0, max_value=900)))
+    pods = []
+    for rank in range(replicas):
+        pod = worker(rank, draw(st.sampled_from([epoch, epoch - 1, None])))
+        if draw(st.integers(min_value=0, max_value=4)) == 0:
+            pod = crashed(pod, draw(st.sampled_from([1, 137])))
+            ended = now - timedelta(seconds=draw(st.integers(min_value=1, max_value=600)))
+            terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+            terminated["finishedAt"] = ended.strftime("%Y-%m-%dT%H:%M:%SZ")
+        pods.append(pod)
+    mode = draw(st.sampled_from(["Pod", "Process"]))
+    return gang(replicas, status, pods, now=now, restart={"mode": mode})
+
+
+@settings(max_examples=400)
+@given(worlds() | restarts())
+def test_a_settled_plan_planned_again_over_its_status_alone_decides_nothing_new(
+    observed: Observed,
+) -> None:
+    """The echo of a settled pass's write gets no pass (controller.manager): what the status
+    changed must be all there was to decide, and no timer may fall sooner."""
+    first = plan(observed)
+    if not first.settled():
+        return
+    job = observed.job.model_copy(update={"status": first.status})
+    again = plan(dataclasses.replace(observed, job=job))
+    assert again.status == first.status
+    assert again.events == []
+    assert again.settled()
+    assert again.restart_started is None
+    assert again.restart_finished is None
+    if again.requeue_after is not None:
+        assert first.requeue_after is not None
+        assert again.requeue_after >= first.requeue_after
 
 
 @settings(max_examples=300)

@@ -20,8 +20,8 @@ from api.v1alpha1 import (
 )
 from controller.arrivals.server import state_line
 from controller.k8s import GANGJOBS, NODES, PODS, SERVICES, AlreadyExists, Forbidden, NotFound
-from controller.k8s.store import BY_GANGJOB, Store, gangjob_index
-from controller.manager import Manager
+from controller.k8s.store import BY_GANGJOB, Store, StoreEvent, gangjob_index
+from controller.manager import Manager, Settings
 from controller.policy.plan import Observed, Plan, PlanConfig, PodDelete, plan
 from controller.reconcile import (
     REFUSED_RETRY_SECONDS,
@@ -280,6 +280,76 @@ async def test_the_echo_of_a_quiet_write_needs_no_pass_and_no_other_write_does()
     assert not reconciler.echo_of_quiet_write(key, echo(103))
     assert refresh_only({"epoch": 3, "progress": {"step": 1}}, {"epoch": 3})
     assert not refresh_only({"epoch": 3, "progress": {"step": 1}}, {"epoch": 4})
+
+
+async def test_the_echo_of_a_settled_pass_needs_no_pass_and_a_pass_with_more_to_do_does() -> None:
+    api = StatusRecorder()
+    caches = Caches(*(Store(cast(Any, api), k) for k in (GANGJOBS, PODS, NODES, SERVICES)))
+    reconciler = Reconciler(cast(Any, api), caches)
+    running = running_status(epoch=3)
+    job = with_status(make_job(replicas=2), running)
+    obj = job_dict(2, status=dump_status(running))
+    key = f"{job.metadata.namespace}/{job.metadata.name}"
+
+    def echo(version: int) -> dict[str, Any]:
+        return {**obj, "metadata": {**obj["metadata"], "resourceVersion": str(version)}}
+
+    def decided(status: GangJobStatus, **more: Any) -> Plan:
+        fields: dict[str, Any] = {"create_pods": [], "delete_pods": [], "events": []}
+        return Plan(status=status, create_service=None, **(fields | more))
+
+    bumped = running.model_copy(update={"epoch": 4})
+    assert decided(bumped).settled()
+    await reconciler.act(job, obj, decided(bumped))
+    # The epoch is news for the streams (not quiet), but a pass over it decides nothing new.
+    assert not reconciler.echo_of_quiet_write(key, echo(101))
+    assert reconciler.echo_of_settled_write(key, echo(101))
+    assert not reconciler.echo_of_settled_write(key, echo(102))  # another writer's, after ours
+    # A pass that ended early leaves the rest to the next one; one that deletes a pod leaves
+    # what the deletion changes to the pod's events, and its own echo is planned again too.
+    cut = decided(bumped.model_copy(update={"epoch": 5}), every_step=False)
+    assert not cut.settled()
+    await reconciler.act(job, obj, cut)
+    assert not reconciler.echo_of_settled_write(key, echo(102))
+    deleting = decided(
+        bumped.model_copy(update={"epoch": 6}),
+        delete_pods=[PodDelete(name="gone", uid="u", reason="x")],
+    )
+    assert not deleting.settled()
+    api_deletes = DeleteRecorder(missing=set())
+    reconciler.kube = cast(Any, _Both(api, api_deletes))
+    await reconciler.act(job, obj, deleting)
+    assert not reconciler.echo_of_settled_write(key, echo(103))
+
+
+class _Both:
+    """Status writes to one recorder, deletes to the other."""
+
+    def __init__(self, status: StatusRecorder, deletes: DeleteRecorder) -> None:
+        self.patch_status = status.patch_status
+        self.delete = deletes.delete
+
+
+async def test_the_echo_of_a_settled_write_wakes_the_streams_but_queues_no_pass() -> None:
+    manager = Manager(cast(Any, object()), Settings(metrics_address=None, health_address=None))
+    obj = job_dict(2, status=dump_status(running_status(epoch=3)))
+    obj["metadata"]["resourceVersion"] = "7"
+    woken: list[str] = []
+    key = f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
+    settled = {key: "7"}
+
+    def echo_of_settled_write(k: str, o: dict[str, Any]) -> bool:
+        return bool(settled.get(k) == o["metadata"]["resourceVersion"])
+
+    setattr(manager.arrivals, "job_changed", woken.append)  # noqa: B010
+    setattr(manager.reconciler, "echo_of_settled_write", echo_of_settled_write)  # noqa: B010
+    manager._on_job(StoreEvent("MODIFIED", obj, obj))
+    assert woken == [key]
+    assert (len(manager.queue), manager.queue.waiting) == (0, 0)
+    settled = {}
+    manager._on_job(StoreEvent("MODIFIED", obj, obj))
+    assert woken == [key, key]
+    assert len(manager.queue) == 1
 
 
 def test_a_refresh_changes_nothing_the_arrival_streams_send() -> None:
