@@ -311,12 +311,11 @@ class Reconciler:
         # job's previous write. Protocol changes (epoch, barrier, phase, conditions) never wait.
         self.progress_interval = progress_interval
         self._written_at: dict[str, float] = {}
-        # Job key -> the resourceVersion of this controller's last write that changed nothing
-        # a pass reads (`quiet_only`): its watch event needs no pass (`echo_of_quiet_write`).
-        self._quiet: dict[str, str] = {}
-        # Job key -> the resourceVersion of our last write whose pass was settled
+        # Job key -> (resourceVersion, quiet) of this controller's last write whose watch event
+        # needs no pass: one that changed nothing a pass reads (`quiet_only`, quiet: no stream
+        # wakes either; `echo_of_quiet_write`), or one by a settled pass
         # (`echo_of_settled_write`).
-        self._settled: dict[str, str] = {}
+        self._own: dict[str, tuple[str, bool]] = {}
         self._pod_views = Views(PodView.from_pod, caches.pods, slack=1000)
         self._specs = Specs(caches.jobs, slack=100)
         # Arrivals the agents reported to this controller directly, joined to the pods' views.
@@ -367,8 +366,7 @@ class Reconciler:
         if obj is None:
             self._written_at.pop(key, None)
             self._refused.pop(key, None)
-            self._quiet.pop(key, None)
-            self._settled.pop(key, None)
+            self._own.pop(key, None)
             return Outcome()  # deleted: its pods go with it (owner references, GC)
         if obj.get("metadata", {}).get("deletionTimestamp"):
             return Outcome()
@@ -655,13 +653,11 @@ class Reconciler:
         )
         self._written_at[key] = time.monotonic()
         version = (stored.get("metadata") or {}).get("resourceVersion")
-        self._quiet.pop(key, None)
-        self._settled.pop(key, None)
-        if isinstance(version, str):
-            if quiet_only(old, new):
-                self._quiet[key] = version
-            elif settled:
-                self._settled[key] = version
+        quiet = quiet_only(old, new)
+        if isinstance(version, str) and (quiet or settled):
+            self._own[key] = (version, quiet)
+        else:
+            self._own.pop(key, None)
         return True, None
 
     def echo_of_quiet_write(self, key: str, obj: JsonDict) -> bool:
@@ -672,8 +668,7 @@ class Reconciler:
         repeats nothing), yet cost a pass over every worker: at N=5000 the echo of each periodic
         refresh was half of what progress cost the controller, and during a restart every count
         written brought one more pass over the gang."""
-        version = (obj.get("metadata") or {}).get("resourceVersion")
-        return version is not None and self._quiet.get(key) == version
+        return self._own_echo(key, obj) is True
 
     def echo_of_settled_write(self, key: str, obj: JsonDict) -> bool:
         """Whether `obj` is the GangJob exactly as this controller's last write left it, and the
@@ -681,8 +676,14 @@ class Reconciler:
         but that status. Planning it again would decide nothing new, so the echo needs no pass
         (a restart's epoch and its barrier each cost one more pass over every worker: at
         N=5000 ~0.15 s each). Unlike a quiet write, its news is for the arrival streams."""
+        return self._own_echo(key, obj) is False
+
+    def _own_echo(self, key: str, obj: JsonDict) -> bool | None:
+        """Whether `obj` is our last recorded write (`_own`) coming back: quiet (True), by a
+        settled pass (False), or not (None)."""
         version = (obj.get("metadata") or {}).get("resourceVersion")
-        return version is not None and self._settled.get(key) == version
+        held = self._own.get(key)
+        return held[1] if held is not None and version == held[0] else None
 
     async def _event(self, job: GangJob, ev: EventSpec) -> None:
         now = self.now()

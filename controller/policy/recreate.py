@@ -87,8 +87,7 @@ def to_recreate(p: Pass, restarting: list[Decision]) -> set[int]:
         if d.action is FailureAction.RECREATE_WORKER or not d.failure.in_place
     }
     ranks.update(rank for rank in active if rank not in p.gang.workers)
-    wrapped = RESTART_MODES[p.effective_mode].agent is AgentPlacement.WRAPPER
-    live = p.gang.live
+    wrapped, live = _agent_wraps_trainer(p), p.gang.live
     ranks.update(rank for rank in active if rank in live and _stuck(p, live[rank], wrapped))
     return ranks
 
@@ -100,6 +99,12 @@ def avoid_unhealthy_devices(p: Pass, restarting: list[Decision], recreated: set[
         node = d.failure.node_name
         if node and d.worker in recreated and meaning(d.failure_class).avoids_node:
             p.avoid(node)
+
+
+def _agent_wraps_trainer(p: Pass) -> bool:
+    """In this pass's mode the trainer's container is the agent (`Process`): asked once per
+    pass, not per worker."""
+    return RESTART_MODES[p.effective_mode].agent is AgentPlacement.WRAPPER
 
 
 def _stuck(p: Pass, pod: PodView, wrapped: bool) -> tuple[FailureClass, str] | None:
@@ -141,7 +146,7 @@ def recreate_laggards(p: Pass) -> bool:
     )
     timeout = p.job.spec.restart.barrier_timeout_seconds
     staying = p.staying()
-    wrapped = RESTART_MODES[p.effective_mode].agent is AgentPlacement.WRAPPER
+    wrapped = _agent_wraps_trainer(p)
     for rank in p.active():
         pod = staying.get(rank)
         if pod is None or pod.arrived_epoch == p.status.epoch:
