@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 from urllib.parse import urlencode, urlsplit
 
-from api.constants import SERVICE_ACCOUNT_DIR
+from api.constants import PIPELINING_HEADER, PIPELINING_SUPERSEDES, SERVICE_ACCOUNT_DIR
 
 JsonDict = dict[str, Any]
 T = TypeVar("T")
@@ -139,6 +139,49 @@ class _Conn:
     def close(self) -> None:
         # No wait_closed(): a TLS close_notify to a dead peer can hang, and nothing is lost.
         self.writer.close()
+
+
+class Pipe:
+    """A stream's connection, which the next request may take before the stream ends
+    (`HttpClient.stream(..., behind=pipe)`) when the server's answer said it ends the stream
+    for one so (`PIPELINING_HEADER`): the request is written at once, the stream read to its
+    end, and the request's answer read next on the same connection (HTTP/1.1 pipelining). The
+    agent's next arrival report takes its last one's stream's connection so: one connection
+    for the agent's life, and no new one (nor TLS handshake) per restart."""
+
+    __slots__ = ("_conn", "_next")
+
+    def __init__(self) -> None:
+        self._conn: _Conn | None = None  # while the stream is read and may be followed
+        self._next: asyncio.Future[_Conn] | None = None  # the request behind it, waiting
+
+    @property
+    def open(self) -> bool:
+        """A request may be sent behind the stream now."""
+        conn = self._conn
+        return conn is not None and self._next is None and not conn.writer.is_closing()
+
+    def _follow(self) -> tuple[_Conn, asyncio.Future[_Conn]]:
+        assert self._conn is not None
+        assert self._next is None
+        self._next = asyncio.get_running_loop().create_future()
+        return self._conn, self._next
+
+    def _end(self, conn: _Conn, complete: bool) -> bool:
+        """The stream on `conn` ended (`complete`: read to its end, the connection good). True
+        if a request was sent behind it: the connection is then that request's (handed over)
+        or closed, never pooled (its answer is on the way)."""
+        self._conn = None
+        waiting, self._next = self._next, None
+        if waiting is None:
+            return False
+        if complete and not waiting.done():
+            waiting.set_result(conn)
+            return True
+        conn.close()
+        if not waiting.done():
+            waiting.set_exception(TransportError("the stream ahead of the request broke"))
+        return True
 
 
 @dataclass
@@ -377,12 +420,20 @@ class HttpClient:
         *,
         inactivity_timeout: float = 90.0,
         token: str | None = None,
+        pipe: Pipe | None = None,
+        behind: Pipe | None = None,
     ) -> AsyncGenerator[JsonDict, None]:
         """A request whose answer is a chunked stream of JSON objects, one per line (a watch, or
         the controller's arrival stream); yields them as they come. `token` replaces the
-        client's own for this request."""
+        client's own for this request. `pipe`: set while the stream is read, if the server
+        takes a request behind it; `behind`: another stream's pipe, on which this request is
+        sent, if open (else, or if that stream breaks first, on a connection of its own)."""
         data = json.dumps(body).encode() if body is not None else None
-        conn = await self._send(method, target, data, None, self.request_timeout, token)
+        conn = None
+        if behind is not None and behind.open:
+            conn = await self._send_behind(behind, method, target, data, token)
+        if conn is None:
+            conn = await self._send(method, target, data, None, self.request_timeout, token)
         reusable = False
         try:
             head = await self._head(conn, self.request_timeout)
@@ -392,6 +443,12 @@ class HttpClient:
                 raise ApiError.from_status(head.status, raw, head.headers)
             if not head.chunked:
                 raise TransportError(f"{method} {target}: the answer is not a chunked stream")
+            if (
+                pipe is not None
+                and head.keep_alive
+                and (head.headers.get(PIPELINING_HEADER.lower()) == PIPELINING_SUPERSEDES)
+            ):
+                pipe._conn = conn
             lines = LineSplitter()
             try:
                 async for chunk in iter_chunked(conn.reader, inactivity_timeout):
@@ -406,9 +463,52 @@ class HttpClient:
             reusable = head.keep_alive
         finally:
             # Stopped early (the consumer closed the generator) leaves unread bytes: close.
-            self._release(conn, reusable)
+            if pipe is None or not pipe._end(conn, reusable):
+                self._release(conn, reusable)
 
     # plumbing
+
+    async def _send_behind(
+        self, pipe: Pipe, method: str, target: str, body: bytes | None, token: str | None
+    ) -> _Conn | None:
+        """The request written behind `pipe`'s stream, and its connection once that stream
+        has ended; None if it could not be sent so (then it is sent anew: a report sent
+        twice is recorded once)."""
+        conn, ready = pipe._follow()
+        try:
+            conn.writer.write(self._request(method, target, body, None, token))
+            async with asyncio.timeout(self.request_timeout):
+                await conn.writer.drain()
+                # Cancelled with this wait (a timeout): the stream, ending later, then closes
+                # the connection rather than hand it to nobody.
+                return await ready
+        except (OSError, TimeoutError, ClientError):
+            ready.cancel()
+            conn.close()
+            return None
+
+    def _request(
+        self,
+        method: str,
+        target: str,
+        body: bytes | None,
+        content_type: str | None,
+        token: str | None,
+    ) -> bytes:
+        lines = [
+            f"{method} {target} HTTP/1.1",
+            f"Host: {self._host_header}",
+            f"User-Agent: {self._user_agent}",
+            "Accept: application/json",
+        ]
+        if token is None:
+            token = self._token() if self._token else ""
+        if token:
+            lines.append(f"Authorization: Bearer {token}")
+        if body is not None:
+            lines.append(f"Content-Type: {content_type or 'application/json'}")
+            lines.append(f"Content-Length: {len(body)}")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b"")
 
     async def _json(
         self,
@@ -469,20 +569,7 @@ class HttpClient:
         token: str | None = None,
     ) -> _Conn:
         conn = await self._acquire(timeout)
-        lines = [
-            f"{method} {target} HTTP/1.1",
-            f"Host: {self._host_header}",
-            f"User-Agent: {self._user_agent}",
-            "Accept: application/json",
-        ]
-        if token is None:
-            token = self._token() if self._token else ""
-        if token:
-            lines.append(f"Authorization: Bearer {token}")
-        if body is not None:
-            lines.append(f"Content-Type: {content_type or 'application/json'}")
-            lines.append(f"Content-Length: {len(body)}")
-        request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b"")
+        request = self._request(method, target, body, content_type, token)
         try:
             conn.writer.write(request)
             await _within(timeout, conn.writer.drain())

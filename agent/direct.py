@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from agent.apiclient import ApiError, ClientError, JsonDict
+from agent.apiclient import ApiError, ClientError, JsonDict, Pipe
 from agent.arrival import Arrival
 from agent.config import Config
 from agent.progress import Summary
@@ -55,6 +55,8 @@ class Streamer(Protocol):
         *,
         inactivity_timeout: float = 90.0,
         token: str | None = None,
+        pipe: Pipe | None = None,
+        behind: Pipe | None = None,
     ) -> AsyncIterator[JsonDict]: ...
 
 
@@ -186,6 +188,9 @@ class DirectArrival:
         self._log = log
         self._job_gone = job_gone
         self._hold: asyncio.Task[None] | None = None
+        # The held report's stream's connection, on which the next report may be sent ahead
+        # of that stream's end (the controller then ends the stream: apiclient.Pipe).
+        self._pipe: Pipe | None = None
         # Superseded holds whose streams the controller is ending (their connections kept).
         self._ending: set[asyncio.Task[None]] = set()
         self._streaming: set[asyncio.Task[None]] = set()
@@ -196,18 +201,22 @@ class DirectArrival:
 
     async def arrive(self, epoch: int, exit: tuple[int, int] | None = None) -> None:
         older, self._hold = self._hold, None
+        behind, self._pipe = self._pipe, None
         if older is not None and older in self._streaming:
             # Its stream ends once the controller has this report (it ends a pod's older
-            # stream cleanly): reading it to the end keeps its connection, so that a Process
-            # gang's restart costs no new connection (nor TLS handshake) per agent.
+            # stream cleanly), and this report goes on that stream's connection, behind it,
+            # where the controller takes one so (else on a kept one): reading the stream to
+            # its end keeps the connection, so that a Process gang's restart costs no new
+            # connection (nor TLS handshake) per agent.
             self._ending.add(older)
             older.add_done_callback(self._ending.discard)
             asyncio.get_running_loop().call_later(SUPERSEDED_GRACE_SECONDS, older.cancel)
         elif older is not None:
+            behind = None
             await _cancel(older)  # retrying or falling back: nothing to keep
         loop = asyncio.get_running_loop()
         accepted: asyncio.Future[None] = loop.create_future()
-        self._hold = asyncio.create_task(self._run(epoch, exit, accepted))
+        self._hold = asyncio.create_task(self._run(epoch, exit, accepted, behind))
         # On `accepted` itself, and never cancel it: a cancelled future is done, and a report
         # that neither channel took would look accepted (the trainer's exit then lost).
         await asyncio.wait({accepted, self._hold}, return_when=asyncio.FIRST_COMPLETED)
@@ -222,7 +231,11 @@ class DirectArrival:
             await _cancel(task)
 
     async def _run(
-        self, epoch: int, exit: tuple[int, int] | None, accepted: asyncio.Future[None]
+        self,
+        epoch: int,
+        exit: tuple[int, int] | None,
+        accepted: asyncio.Future[None],
+        behind: Pipe | None = None,
     ) -> None:
         body = report_body(self._config, epoch, exit, self.incarnation)
         backoff = Backoff(self._config.backoff_initial, min(2.0, self._config.backoff_max))
@@ -230,6 +243,9 @@ class DirectArrival:
         failing_since: float | None = None  # the first failure since the last line read
         me = asyncio.current_task()
         while True:
+            pipe = Pipe()
+            if self._hold is me:
+                self._pipe = pipe
             try:
                 stream = self._client.stream(
                     "POST",
@@ -237,7 +253,10 @@ class DirectArrival:
                     body,
                     token=_token(self._config),
                     inactivity_timeout=STREAM_INACTIVITY_SECONDS,
+                    pipe=pipe,
+                    behind=behind,
                 )
+                behind = None  # a report sent again goes on a connection of its own
                 async for event in stream:
                     last = JobState.from_object(_object(event))
                     assert me is not None

@@ -437,6 +437,12 @@ where it stands without reading its pod and its GangJob."""
 ARRIVALS_PATH: Final = "/v1/arrivals"
 """The controller's arrival endpoint (docs/design.md section 3): POST a report, read the
 GangJob's state as a stream of JSON lines while the report holds."""
+PIPELINING_HEADER: Final = "Gangjob-Pipelining"
+"""A header of the arrival stream's answer: with the value `PIPELINING_SUPERSEDES`, the agent may
+send its next report on the stream's connection before the stream ends; the controller then ends
+the stream (the report supersedes it) at a chunk's boundary and answers the report next on that
+connection (HTTP/1.1 pipelining), so that the agent holds one connection for its life."""
+PIPELINING_SUPERSEDES: Final = "supersedes"
 PROGRESS_PATH: Final = "/v1/progress"
 """The controller's progress endpoint, beside `ARRIVALS_PATH` and with the same token: POST one
 summary of a worker's training progress (docs/progress.md); answered 204, no stream."""

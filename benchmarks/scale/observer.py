@@ -214,6 +214,9 @@ class CtlSample:
     requests: dict[str, float]
     share_sum: dict[str, float]
     share_count: dict[str, float]
+    passes: float = 0.0
+    pass_seconds: float = 0.0
+    collections: tuple[float, ...] = ()
 
     @classmethod
     def take(cls, ctl: ControllerProcess) -> CtlSample:
@@ -232,6 +235,11 @@ class CtlSample:
                 s: ctl.metric("gangjob_restart_controller_seconds_count", {"step": s})
                 for s in steps
             },
+            passes=ctl.metric("controller_runtime_reconcile_total"),
+            pass_seconds=ctl.metric("controller_runtime_reconcile_time_seconds_sum"),
+            collections=tuple(
+                ctl.metric("python_gc_collections_total", {"generation": str(g)}) for g in range(3)
+            ),
         )
 
     def since(self, before: CtlSample) -> dict[str, Any]:
@@ -247,6 +255,11 @@ class CtlSample:
                 if v != before.requests[m]
             },
             "share_s": share,
+            # Where the controller's CPU went: its passes over the gang (their count and
+            # seconds) and the garbage collector's runs by generation (young, middle, full).
+            "passes": int(self.passes - before.passes),
+            "pass_s": round(self.pass_seconds - before.pass_seconds, 2),
+            "gc": [int(a - b) for a, b in zip(self.collections, before.collections, strict=False)],
         }
 
 

@@ -176,7 +176,9 @@ async def measure_restart(
         w,
         row,
         f"ctl share {ctl['share_s']}  ctl API {ctl['requests'].get('all', 0)}  "
-        f"ctl CPU {row['cpu_s'].get('controller')}s  ctl RSS {row['controller_rss_mib']} MiB",
+        f"ctl CPU {row['cpu_s'].get('controller')}s ({ctl['passes']} passes "
+        f"{ctl['pass_s']}s, gc {'/'.join(map(str, ctl['gc']))})  "
+        f"ctl RSS {row['controller_rss_mib']} MiB",
     )
     return row
 

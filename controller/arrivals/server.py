@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 from prometheus_client import Counter
 
-from api.constants import ARRIVALS_PATH, PROGRESS_PATH
+from api.constants import ARRIVALS_PATH, PIPELINING_HEADER, PIPELINING_SUPERSEDES, PROGRESS_PATH
 from api.v1alpha1 import Phase
 from controller.arrivals.auth import Identity, Unauthorized
 from controller.arrivals.book import ArrivalBook, ProgressReport, Report
@@ -637,8 +637,11 @@ _TAKEN_HEAD = (
 )
 _STREAM_HEAD = (
     b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n"
+    + f"{PIPELINING_HEADER}: {PIPELINING_SUPERSEDES}\r\n".encode()
 )
-"""The fast path's answers' heads, as aiohttp writes them (less its `Server`), before `Date`."""
+"""The fast path's answers' heads, as aiohttp writes them (less its `Server`), before `Date`.
+A stream's says that the agent's next report may follow on its connection, behind it
+(`controller.runtime.fastpath`: a request sent behind a streaming answer ends it)."""
 
 
 @dataclass(eq=False, slots=True)
@@ -655,6 +658,12 @@ class _Stream:
     why: str | None = None
     ended: asyncio.Future[str] | None = None
     on_end: Callable[[str], None] | None = None
+
+    @property
+    def streaming(self) -> bool:
+        """A fast-path stream under way (`on_end` is set until it ends): a request sent behind
+        it on its connection ends it (`fastpath.PIPELINED`, as a superseding report would)."""
+        return self.on_end is not None
 
     def end(self, why: str) -> None:
         if self.why is not None:
@@ -675,6 +684,10 @@ class _Review:
     def __init__(self, task: asyncio.Future[Identity]) -> None:
         self.task = task
         self.held: Held | None = None
+
+    @property
+    def streaming(self) -> bool:
+        return self.held is not None and self.held.streaming
 
     def end(self, why: str) -> None:
         if self.held is not None:

@@ -10,6 +10,15 @@ per connection) costs the controller ~0.15 ms of CPU per report and ~14 KiB per 
 strictly: one request line `POST <path> HTTP/1.1`, header lines `name: value` of plain ASCII,
 one `Content-Length` (no transfer or content coding, no `Expect`), the body whole, nothing after
 it. Whatever it does not take, aiohttp answers exactly as without it (every refusal included).
+
+One pipelined request is taken (HTTP/1.1 allows a client to send its next request before the
+answer to the last is complete): a request sent behind an answer that streams (`Held.streaming`)
+ends that answer, at a chunk's boundary, and is then taken as if it came next. That is how an
+agent that outlives a restart (`Process` mode) sends its next report on the connection of its
+last report's stream, which that report supersedes anyway: a restart of N such workers opens no
+connection (nor TLS handshake). A stream's head says that it may be ended so
+(`api.constants.PIPELINING_HEADER`); aiohttp's own streams do not, and an agent sends nothing
+behind those.
 """
 
 from __future__ import annotations
@@ -51,9 +60,14 @@ class Request:
 
 class Held(Protocol):
     """A request still being answered after `FastPath` returned (a stream, or a token being
-    reviewed): `end` is called when the client hangs up."""
+    reviewed): `end` is called when the client hangs up (`HUNG_UP`), or with `PIPELINED` when
+    it sends a request behind an answer that `streaming` says streams: that answer then ends
+    at a chunk's boundary (and `done`), so that the request behind it can be taken."""
 
     def end(self, why: str) -> None: ...
+
+    @property
+    def streaming(self) -> bool: ...
 
 
 KEEP, CLOSE, DECLINE, STREAMING = "keep", "close", "decline", "streaming"
@@ -89,6 +103,8 @@ FAST_PATH: web.AppKey[Route] = web.AppKey("fast_path")
 it through `Switch`."""
 HUNG_UP = "hung up"
 """`Held.end`'s reason when the client closed the connection."""
+PIPELINED = "pipelined"
+"""`Held.end`'s reason when the client sent its next request behind the streaming answer."""
 
 
 def parse(buffer: bytes, paths: frozenset[str], max_body: int) -> Request | bool:
@@ -198,17 +214,27 @@ class Switch(asyncio.Protocol):
         transport = self._transport
         assert transport is not None
         self._stop_idle()
-        if self._busy is not None:
-            # A request while an answer streams: no agent sends one (it waits for the answer).
+        busy = self._busy
+        if busy is not None and not busy.streaming:
+            # A request before the last one's answer has begun (its token under review): no
+            # agent sends one, it waits for the answer.
             transport.abort()
             return
         buffer = self._buffer + data if self._buffer else data
         request = parse(buffer, self._paths, self._max_body)
         if request is True:
             self._buffer = buffer
-            self._wait_idle()  # for the rest of it
+            if busy is None:
+                self._wait_idle()  # for the rest of it
             return
         self._buffer = b""
+        if busy is not None:
+            # The next request, sent behind a streaming answer: that answer ends here, and
+            # this request is taken (or handed to aiohttp) as the connection's next.
+            busy.end(PIPELINED)
+            if self._busy is not None or transport.is_closing():
+                return  # the answer asked to close the connection: nothing follows it
+            self._stop_idle()  # `done` waits for the next request: it is here
         if request is False:
             self._hand_over(transport, buffer)
             return
@@ -259,6 +285,8 @@ class Switch(asyncio.Protocol):
 
 
 class _Taking:
+    streaming = False
+
     def end(self, why: str) -> None:
         return None
 

@@ -17,6 +17,7 @@ from agent.apiclient import (
     ApiError,
     HttpClient,
     LineSplitter,
+    Pipe,
     TokenFile,
     TransportError,
     iter_chunked,
@@ -338,6 +339,70 @@ async def test_watch_error_status_and_broken_stream(
         assert err.value.gone
         with pytest.raises(TransportError):
             await collect(client.watch("/w", {}), [])
+
+
+def pipelined_head() -> bytes:
+    """A stream's head that says a request may be sent behind it (the arrival endpoint's)."""
+    return chunked_head()[:-2] + b"Gangjob-Pipelining: supersedes\r\n\r\n"
+
+
+def line(kind: str, rv: str) -> bytes:
+    data = event(kind, rv) + b"\n"
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+@pytest.mark.parametrize("breaks", [False, True])
+async def test_a_request_sent_behind_a_stream_is_answered_after_it_or_sent_again(
+    serve: Callable[[Responder], Awaitable[Server]], breaks: bool
+) -> None:
+    # The next arrival report goes on the connection of the last one's stream: the server ends
+    # that stream and answers next on the same connection. If the stream breaks instead, the
+    # request is sent again on a connection of its own.
+    async def respond(req: Request, w: asyncio.StreamWriter) -> None:
+        n = len(server.requests)
+        if n == 1:
+            w.write(pipelined_head() + line("STATE", "1"))  # held open
+        elif n == 2 and breaks:
+            w.close()
+        else:  # the first stream's end (if on its connection), then the next's answer
+            w.write((b"0\r\n\r\n" if n == 2 else b"") + chunked_head() + line("STATE", "2"))
+            w.write(b"0\r\n\r\n")
+
+    server = await serve(respond)
+    async with HttpClient(server.url) as client:
+        first = Pipe()
+        stream = client.stream("POST", "/v1/arrivals", {"n": 1}, pipe=first)
+        assert (await anext(stream))["object"]["metadata"]["resourceVersion"] == "1"
+        was_open = first.open
+        rest: list[str] = []
+        reading = asyncio.ensure_future(collect(stream, rest))  # to its end, as the agent
+        second = client.stream("POST", "/v1/arrivals", {"n": 2}, behind=first)
+        got = [e["object"]["metadata"]["resourceVersion"] async for e in second]
+        assert got == ["2"]
+        if breaks:
+            with pytest.raises(TransportError):
+                await reading
+        else:
+            await reading
+        assert rest == []
+        assert (was_open, first.open) == (True, False)
+    assert [json.loads(r.body)["n"] for r in server.requests] == ([1, 2, 2] if breaks else [1, 2])
+    assert server.connections == (2 if breaks else 1)
+
+
+async def test_a_stream_whose_head_says_nothing_takes_no_request_behind_it(
+    serve: Callable[[Responder], Awaitable[Server]],
+) -> None:
+    async def respond(req: Request, w: asyncio.StreamWriter) -> None:
+        w.write(chunked_head() + line("STATE", "1"))
+
+    server = await serve(respond)
+    async with HttpClient(server.url) as client:
+        pipe = Pipe()
+        stream = client.stream("POST", "/v1/arrivals", {"n": 1}, pipe=pipe)
+        assert await anext(stream)
+        assert not pipe.open  # the next request connects anew
+        await stream.aclose()
 
 
 def test_server_url_is_checked() -> None:

@@ -14,6 +14,7 @@ import json
 import logging
 import pathlib
 import time
+import types
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -245,6 +246,8 @@ class Controller:
     """The GangJob of a pod in the controller's cache, where not JOB (pods of `fake`)."""
     stalls: list[str] = dataclasses.field(default_factory=list)
     """The jobs it was told a worker's stall began or ended in (progress summaries)."""
+    fast: bool = True
+    """Served with the fast path (else by aiohttp alone)."""
     _reported: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 
     def on_report(self, key: str) -> None:
@@ -278,7 +281,7 @@ async def controller(request: pytest.FixtureRequest) -> AsyncIterator[Controller
     fake = FakeApi(epoch=0)
     book = ArrivalBook()
     port = free_port()
-    ctl = Controller(fake, book, f"http://127.0.0.1:{port}", [])
+    ctl = Controller(fake, book, f"http://127.0.0.1:{port}", [], fast=request.param == "fast")
 
     async def authenticate(token: str) -> Identity:
         if ctl.refuse:
@@ -320,6 +323,50 @@ def direct_agent(
     ctl.fake.add_pod(pod)
     ctl.fake.pods[pod]["metadata"]["uid"] = uid
     return Agent(config, ctl.fake, arrival_client=client)
+
+
+async def test_an_agent_sends_each_report_behind_the_last_ones_stream_on_its_connection(
+    controller: Controller, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A Process gang's agent outlives every restart: each report goes on the connection of
+    # the last one's stream (which it supersedes), so that the agent holds one connection
+    # for its life, and a restart of N workers opens no connection (nor TLS handshake), however
+    # long after the last. aiohttp's streams take nothing behind them: there the agent keeps
+    # two connections in turn, the stream's and a kept one.
+    ctl = controller
+    opened: list[object] = []
+    connect = asyncio.open_connection
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        opened.append(args)
+        return await connect(*args, **kwargs)
+
+    monkeypatch.setattr(asyncio, "open_connection", counted)
+    config = make_config(tmp_path, "train-0", pod_uid="uid-train-0", arrival_url=ctl.url,
+                         arrival_token_file=tmp_path / "token")  # fmt: skip
+    config.arrival_token_file.write_text("train-0/uid-train-0")
+    ctl.fake.add_pod("train-0")
+    states: list[JobState] = []
+
+    async def no_fallback(epoch: int, exit: tuple[int, int] | None = None) -> None:
+        raise AssertionError("the endpoint took every report")
+
+    fallback = types.SimpleNamespace(arrive=no_fallback)
+    log = logging.LoggerAdapter(logging.getLogger("test"), {})
+    async with HttpClient(ctl.url) as client:
+        arrival = DirectArrival(client, config, fallback, states.append, lambda: None, log)
+        try:
+            for epoch in range(5):
+                ctl.set_status(epoch=epoch)
+                await arrival.arrive(epoch)
+                assert ctl.arrived("train-0") == epoch  # taken before arrive returned
+                await polled(lambda: not arrival._ending)  # the superseded stream read out
+            ctl.set_status(epoch=4, barrierEpoch=4)
+            await polled(lambda: bool(states) and states[-1].barrier_epoch == 4)
+            assert len(opened) == (1 if ctl.fast else 2), opened
+            assert ctl.reports == [f"{NS}/{JOB}"] * 5
+        finally:
+            await arrival.close()
 
 
 async def test_agents_arrive_at_the_controller_and_learn_the_barrier_from_its_answer(
@@ -459,6 +506,8 @@ class _Unreachable:
         *,
         inactivity_timeout: float = 90.0,
         token: str | None = None,
+        pipe: Any = None,
+        behind: Any = None,
     ) -> AsyncIterator[Any]:
         if method:  # always: the `yield` below makes this a generator
             raise TransportError(f"{method} {target}: connection refused")

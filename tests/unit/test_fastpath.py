@@ -16,6 +16,8 @@ from controller.runtime.fastpath import (
     DECLINE,
     FAST_PATH,
     KEEP,
+    PIPELINED,
+    STREAMING,
     Held,
     Request,
     Route,
@@ -170,4 +172,62 @@ async def test_a_kept_connection_that_goes_quiet_is_closed() -> None:
             assert await asyncio.wait_for(reader.readuntil(b"fast"), 5)
         assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the server
         assert asyncio.get_running_loop().time() - started >= 0.3 + 0.4
+        writer.close()
+
+
+class _Streams:
+    """A fast path whose answers stream (one chunk each, the request's body), until ended."""
+
+    def __init__(self) -> None:
+        self.ended: list[str] = []
+        self.review = False  # the next answer is held before it begins (a token review)
+
+    def take(
+        self, request: Request, transport: asyncio.Transport, done: Callable[[str], None]
+    ) -> Held | None:
+        streams = self
+
+        class Answer:
+            streaming = not self.review
+
+            def end(self, why: str) -> None:
+                streams.ended.append(why)
+                if self.streaming:
+                    transport.write(b"0\r\n\r\n")
+                    done(KEEP)
+
+        if not self.review:
+            head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+            transport.write(head + b"%x\r\n%b\r\n" % (len(request.body), request.body))
+            done(STREAMING)
+        return Answer()
+
+
+async def test_a_request_sent_behind_a_streaming_answer_ends_it_and_is_answered_next() -> None:
+    # HTTP/1.1 pipelining, as an agent that outlives a restart sends its next report: on the
+    # connection of its last one's stream. That stream ends at a chunk's boundary, and the
+    # next answer follows it on the same connection.
+    streams = _Streams()
+    app = web.Application()
+    app[FAST_PATH] = Route(PATHS, streams.take, MAX_BODY)
+    async with HttpServer(app, "127.0.0.1", 0) as server:
+        assert server.port is not None
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(request(body=b"first"))
+        assert await asyncio.wait_for(reader.readuntil(b"first\r\n"), 5)
+        second = request(body=b"second")
+        writer.write(second[:20])  # in pieces: the stream goes on until the request is whole
+        await asyncio.sleep(0.1)
+        assert streams.ended == []
+        writer.write(second[20:])
+        rest = await asyncio.wait_for(reader.readuntil(b"second\r\n"), 5)
+        assert rest.startswith(b"0\r\n\r\nHTTP/1.1 200 OK\r\n")  # the first's end, then
+        assert streams.ended == [PIPELINED]
+        # A request before an answer has begun (its token under review) cuts the connection.
+        streams.review = True
+        writer.write(request(body=b"third"))  # ends the second, and is held for review
+        assert await asyncio.wait_for(reader.readuntil(b"0\r\n\r\n"), 5)
+        writer.write(request(body=b"fourth"))
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # cut
+        assert streams.ended == [PIPELINED, PIPELINED, "hung up"]
         writer.close()
