@@ -212,6 +212,10 @@ class Manager:
         self._planning: dict[str, float] = {}  # each gang's last planning time (s)
         # Keys whose next pass opens a barrier: no pace holds it (see _on_report).
         self._urgent: set[str] = set()
+        # Passes running now, and when the last one ended: the garbage collector's full
+        # collections wait for a quiet moment (collector.collect_when_quiet).
+        self._passing = 0
+        self._last_pass_end = time.monotonic()
         # When the report that completed a key's barrier came: the start of the controller's
         # share of that step (the key may have been dirty since an earlier arrival's report,
         # which waited REPORT_COALESCE; that wait is no reaction to the last arrival).
@@ -329,9 +333,14 @@ class Manager:
         return self.elector is None or not self.is_leader or self.elector.healthy()
 
     # -- workers ----------------------------------------------------------------------------
+    def _quiet_for(self) -> float:
+        """Seconds since the last pass ended; 0 while one runs."""
+        return 0.0 if self._passing else time.monotonic() - self._last_pass_end
+
     async def _worker(self) -> None:
         while True:
             key = await self.queue.get()
+            self._passing += 1
             since = self._dirty_since.pop(key, None)
             arrival = self._last_arrival.pop(key, None)
             pace = 0.0
@@ -363,6 +372,8 @@ class Manager:
                     self._urgent.discard(key)
                     pace = 0.0
                 self.queue.done(key, pace)
+                self._passing -= 1
+                self._last_pass_end = time.monotonic()
 
     @staticmethod
     def _report_share(
@@ -443,6 +454,7 @@ class Manager:
             self.queue.add(key)
         metrics.MAX_CONCURRENT_RECONCILES.labels(CONTROLLER_NAME).set(self.settings.workers)
         workers = [asyncio.create_task(self._worker()) for _ in range(self.settings.workers)]
+        workers.append(asyncio.create_task(collector.collect_when_quiet(self._quiet_for)))
         if self.quarantine is not None:
             workers.append(asyncio.create_task(self.quarantine.run()))
         try:
