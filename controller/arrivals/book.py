@@ -197,7 +197,7 @@ def with_report(view: PodView, report: Report | None) -> PodView:
     restarted = report.restarted and arrived == report.epoch
     if (arrived, exit, restarted) == (view.arrived_epoch, view.reported_exit, view.restarted):
         return view
-    return dataclasses.replace(view, arrived_epoch=arrived, reported_exit=exit, restarted=restarted)
+    return view.evolve(arrived_epoch=arrived, reported_exit=exit, restarted=restarted)
 
 
 class ArrivalBook:
@@ -345,7 +345,7 @@ class ArrivalBook:
             return hit[3]
         joined = with_report(view, report) if report is not None else view
         if progress is not None:
-            joined = dataclasses.replace(joined, progress=progress.view())
+            joined = joined.evolve(progress=progress.view())
         self._joined[key] = (view, report, progress, joined)
         return joined
 

@@ -68,7 +68,7 @@ def _decisions(p: Pass) -> list[Decision]:
             if pod.name in p.delete_pods and not pod.terminating:
                 # Deleted by this very pass (its mode changed): judged as the next pass will
                 # see it, terminating, so that replanning the outcome finds nothing new.
-                pod = dataclasses.replace(pod, deletion_timestamp=p.now)
+                pod = pod.evolve(deletion_timestamp=p.now)
             failure = classify.detect(ctx, rank, pod, p.node_of(pod))
         if failure is not None:
             decisions.append(classify.decide(p.job, failure))

@@ -4,7 +4,6 @@ each worker stands in the restart protocol: the epoch it is at (docs/design.md s
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -107,7 +106,7 @@ def arrived_by_barrier(pods: Sequence[PodView], status: GangJobStatus) -> list[P
     # for them (docs/design.md section 3.12).
     dropped = frozenset(status.dropped)
     return [
-        dataclasses.replace(pod, arrived_epoch=epoch)
+        pod.evolve(arrived_epoch=epoch)
         if (pod.arrived_epoch is None or pod.arrived_epoch < epoch)
         and pod.creation_timestamp is not None
         and pod.creation_timestamp < cutoff

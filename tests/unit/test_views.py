@@ -1,5 +1,7 @@
 """Unit tests of controller.policy.views: parsing Pods and Nodes as the apiserver returns them."""
 
+import dataclasses
+import functools
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -8,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from controller.policy import views
 from controller.policy.views import (
     ContainerView,
     NodeView,
@@ -187,6 +190,31 @@ def test_pod_view_reads_termination_times_requests_rules_and_mode() -> None:
     assert trainer.last_finished_at == datetime(2026, 5, 1, 10, 2, tzinfo=UTC)
     pod["spec"]["initContainers"][0]["restartPolicyRules"] = []
     assert not PodView.from_pod(pod).has_restart_rules
+
+
+def test_a_pod_view_evolves_as_replace_would_keeping_its_container_lookups() -> None:
+    view = PodView.from_pod(POD)
+    assert view.unsettled_containers is not None  # cached now
+    before = (view._by_name, view.all_containers, view.unsettled_containers)
+    new = view.evolve(arrived_epoch=5, reported_exit=(5, None), restarted=True)
+    assert new == dataclasses.replace(view, arrived_epoch=5, reported_exit=(5, None),
+                                      restarted=True)  # fmt: skip
+    assert (new.arrived_epoch, view.arrived_epoch) == (5, 2)  # the old view is unchanged
+    # Its containers the same: the lookups are the old view's (no walk again).
+    assert (new._by_name, new.all_containers, new.unsettled_containers) == before
+    assert new._by_name is before[0]
+    # Its containers changed: walked anew.
+    none = view.evolve(containers=(), init_containers=())
+    assert (none.container("trainer"), none.all_containers, none.unsettled_containers) == (
+        None,
+        (),
+        (),
+    )
+    with pytest.raises(TypeError, match="no field 'epoch'"):
+        view.evolve(epoch=1)
+    # Every cached property is one of the containers' (else `evolve` would carry it stale).
+    cached = {n for n, a in vars(PodView).items() if isinstance(a, functools.cached_property)}
+    assert cached == set(views._CACHED_OF_CONTAINERS)
 
 
 def test_pod_view_of_a_pod_just_created() -> None:
