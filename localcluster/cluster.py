@@ -502,7 +502,30 @@ def kwok_stages(stages: str) -> str:
     docs = stages.strip().split("\n---\n")
     _skip_labelled(docs, "pod-delete", SIMULATED_KUBELET_LABEL)
     _skip_labelled(docs, "pod-complete", KEEP_RUNNING_LABEL)
+    _started(docs)
     return "\n---\n".join(docs) + "\n"
+
+
+_READY_CONTAINER = "      {{ range .spec.containers }}\n"
+_RESTART_COUNT = "        restartCount: 0\n"
+
+
+def _started(docs: list[str]) -> None:
+    """Makes the pod-ready stage mark each running container `started: true`, as a real kubelet
+    does for one without a startup probe (KWOK leaves it out: a container then reads as still
+    starting, and every pass of the controller looks at it as it would at a stuck one)."""
+    for i, doc in enumerate(docs):
+        if "name: pod-ready\n" in doc:
+            head, sep, tail = doc.partition(_READY_CONTAINER)
+            if not sep or _RESTART_COUNT not in tail:
+                raise ValueError("KWOK's pod-ready stage has no container status to mark started")
+            docs[i] = (
+                head
+                + sep
+                + tail.replace(_RESTART_COUNT, _RESTART_COUNT + "        started: true\n", 1)
+            )
+            return
+    raise ValueError("KWOK's stages have no pod-ready stage")
 
 
 def _skip_labelled(docs: list[str], stage: str, label: str) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from localcluster import images, inotify, prebuild, pytorch
 from localcluster.cli import parser
-from localcluster.cluster import Cluster, Options, kwok_node, scheduler_config
+from localcluster.cluster import Cluster, Options, kwok_node, kwok_stages, scheduler_config
 from localcluster.handle import WELL_KNOWN_SLOTS, ClusterError, Ports
 from localcluster.versions import cache_root
 
@@ -45,6 +45,67 @@ def test_each_cluster_has_its_own_state_dir() -> None:
 def test_bad_cluster_names_are_refused(bad: str) -> None:
     with pytest.raises(ClusterError):
         Cluster(bad)
+
+
+STAGES = """\
+kind: Stage
+metadata:
+  name: pod-ready
+spec:
+  resourceRef:
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'DoesNotExist'
+  next:
+    statusTemplate: |
+      containerStatuses:
+      {{ range .spec.containers }}
+      - image: {{ .image | Quote }}
+        name: {{ .name | Quote }}
+        ready: true
+        restartCount: 0
+        state:
+          running:
+            startedAt: {{ $now | Quote }}
+      {{ end }}
+      initContainerStatuses:
+      {{ range .spec.initContainers }}
+      - name: {{ .name | Quote }}
+        restartCount: 0
+      {{ end }}
+---
+kind: Stage
+metadata:
+  name: pod-complete
+spec:
+  selector:
+    matchExpressions:
+    - key: '.status.phase'
+      operator: 'In'
+---
+kind: Stage
+metadata:
+  name: pod-delete
+spec:
+  selector:
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'Exists'
+"""
+
+
+def test_kwok_marks_a_ready_pods_containers_started_as_a_kubelet_does() -> None:
+    # A running container without a startup probe is `started` on a real kubelet; without it
+    # every simulated worker would read as still starting, and cost the controller's passes
+    # what a stuck one does.
+    ready = kwok_stages(STAGES).split("---")[0]
+    containers, init = ready.split("initContainerStatuses:")
+    assert "restartCount: 0\n        started: true\n        state:" in containers
+    assert "started" not in init
+    with pytest.raises(ValueError, match="pod-ready"):
+        kwok_stages(STAGES.replace("name: pod-ready", "name: pod-running"))
 
 
 def test_kwok_node_declares_restart_all_and_gpus() -> None:
