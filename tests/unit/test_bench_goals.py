@@ -97,6 +97,14 @@ def test_tls_is_judged_on_its_twin_against_plain_in_place() -> None:
     assert verdict.figures == "10.8 s / 10.0 s = 1.08x"
     res["in_place_tls_over_in_place"] = 1.23
     assert tls({1000: res})[0].met is False
+    # Not met: what TLS adds, by process, and the ratio less the simulation's CPU.
+    for mode, bench, ctl, less in (("in-place", 2.9, 1.2, 2.8), ("in-place-tls", 3.8, 1.9, 3.0)):
+        modes[mode] |= {"bench_cpu_s": {"median": bench}, "controller_cpu_s": {"median": ctl},
+                        "seconds_minus_bench_cpu": {"median": less}}  # fmt: skip
+    assert tls({1000: res})[0].why.endswith(
+        "; TLS adds +0.90 s of CPU in the benchmark process (the agents' clients), +0.70 s of "
+        "CPU in the controller (the endpoint's side); less the benchmark process's CPU, 1.07x"
+    )
     (missing,) = tls({100: {"workers": 100, "modes": {}}})
     assert missing.met is None
     assert "N=1000 not in this run" in missing.why
