@@ -4,6 +4,12 @@ One entry per key however often it is added; a key is never handed to two worker
 key added while it is being processed is queued again when `done` is called); delayed adds;
 per-key exponential backoff for failures (5 ms doubling to 1000 s) under an overall token
 bucket (10 qps, burst 100), the slower of the two winning. Time comes from an injected `Clock`.
+
+One departure from client-go: a key handed to a worker drops its pending delayed add. A pass
+reads the world as it is when it starts, so a look asked for earlier is served by it, and what
+must be looked at again later the pass asks for itself (`done(requeue_after)`, `add_after`).
+Client-go's would run it once more: at N=5000, a pass over every worker that decides nothing
+(an arrival's coalesced pass, due after the barrier's own pass opened the barrier).
 """
 
 from __future__ import annotations
@@ -176,6 +182,8 @@ class WorkQueue(Generic[K]):
         self._started_at[key] = now
         self._processing.add(key)
         self._dirty.discard(key)
+        # Its delayed add is served by this pass (its heap entry, superseded, is skipped).
+        self._waiting_at.pop(key, None)
         return key
 
     async def get(self) -> K:

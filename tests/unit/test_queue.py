@@ -110,6 +110,27 @@ def test_add_after_keeps_the_earliest_time() -> None:
     assert q.get_nowait() is None, "superseded delays must not add the key again"
 
 
+def test_a_key_handed_out_drops_its_delayed_add_but_not_one_made_while_it_is_processed() -> None:
+    # A pass reads the world when it starts: the look an earlier `add_after` asked for is served
+    # by it (client-go would run one more pass, which at N=5000 decides nothing at ~0.2 s).
+    q, clock = new_queue()
+    q.add_after("a", 1.0)  # an arrival's coalesced pass
+    q.add("a")  # the barrier's own, at once
+    assert q.get_nowait() == "a"
+    assert q.waiting == 0
+    q.done("a")
+    clock.advance(5.0)
+    assert q.get_nowait() is None, "the pass that ran served the delayed add"
+    assert q.get_nowait() is None
+    # Asked for while the key is processed: a report the running pass may not have read.
+    q.add("a")
+    assert q.get_nowait() == "a"
+    q.add_after("a", 1.0)
+    q.done("a")
+    clock.advance(1.0)
+    assert q.get_nowait() == "a"
+
+
 def test_add_after_of_a_queued_key_is_deduped_when_due() -> None:
     q, clock = new_queue()
     q.add("a")
