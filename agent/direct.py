@@ -201,8 +201,10 @@ class DirectArrival:
 
     async def arrive(self, epoch: int, exit: tuple[int, int] | None = None) -> None:
         older, self._hold = self._hold, None
-        behind, self._pipe = self._pipe, None
+        pipe, self._pipe = self._pipe, None
+        behind = None
         if older is not None and older in self._streaming:
+            behind = pipe
             # Its stream ends once the controller has this report (it ends a pod's older
             # stream cleanly), and this report goes on that stream's connection, behind it,
             # where the controller takes one so (else on a kept one): reading the stream to
@@ -212,7 +214,6 @@ class DirectArrival:
             older.add_done_callback(self._ending.discard)
             asyncio.get_running_loop().call_later(SUPERSEDED_GRACE_SECONDS, older.cancel)
         elif older is not None:
-            behind = None
             await _cancel(older)  # retrying or falling back: nothing to keep
         loop = asyncio.get_running_loop()
         accepted: asyncio.Future[None] = loop.create_future()

@@ -514,30 +514,29 @@ def _started(docs: list[str]) -> None:
     """Makes the pod-ready stage mark each running container `started: true`, as a real kubelet
     does for one without a startup probe (KWOK leaves it out: a container then reads as still
     starting, and every pass of the controller looks at it as it would at a stuck one)."""
-    for i, doc in enumerate(docs):
-        if "name: pod-ready\n" in doc:
-            head, sep, tail = doc.partition(_READY_CONTAINER)
-            if not sep or _RESTART_COUNT not in tail:
-                raise ValueError("KWOK's pod-ready stage has no container status to mark started")
-            docs[i] = (
-                head
-                + sep
-                + tail.replace(_RESTART_COUNT, _RESTART_COUNT + "        started: true\n", 1)
-            )
-            return
-    raise ValueError("KWOK's stages have no pod-ready stage")
+    i = _stage(docs, "pod-ready")
+    head, sep, tail = docs[i].partition(_READY_CONTAINER)
+    if not sep or _RESTART_COUNT not in tail:
+        raise ValueError("KWOK's pod-ready stage has no container status to mark started")
+    started = tail.replace(_RESTART_COUNT, _RESTART_COUNT + "        started: true\n", 1)
+    docs[i] = head + sep + started
 
 
 def _skip_labelled(docs: list[str], stage: str, label: str) -> None:
     """Makes the stage named `stage` leave pods carrying `label` alone."""
+    i = _stage(docs, stage)
+    head, sep, tail = docs[i].partition("    matchExpressions:\n")
+    if not sep:
+        raise ValueError(f"KWOK's {stage} stage has no matchExpressions to extend")
+    skip = f"    - key: '.metadata.labels.[\"{label}\"]'\n      operator: 'DoesNotExist'\n"
+    docs[i] = head + sep + skip + tail
+
+
+def _stage(docs: list[str], stage: str) -> int:
+    """Where in `docs` KWOK's stage named `stage` is."""
     for i, doc in enumerate(docs):
         if f"name: {stage}\n" in doc:
-            head, sep, tail = doc.partition("    matchExpressions:\n")
-            if not sep:
-                raise ValueError(f"KWOK's {stage} stage has no matchExpressions to extend")
-            skip = f"    - key: '.metadata.labels.[\"{label}\"]'\n      operator: 'DoesNotExist'\n"
-            docs[i] = head + sep + skip + tail
-            return
+            return i
     raise ValueError(f"KWOK's stages have no {stage} stage")
 
 

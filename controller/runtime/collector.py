@@ -38,6 +38,7 @@ QUIET_SECONDS = 5.0
 PATIENCE_SECONDS = 300.0
 """A due full collection waits at most this long for a quiet moment, then runs anyway."""
 CHECK_SECONDS = 1.0
+"""How often `collect_when_quiet` looks whether a full collection is due."""
 
 
 def settle() -> None:
