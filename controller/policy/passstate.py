@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 from api import naming
 from api.constants import AVOID_NODES_LIMIT, HISTORY_LIMIT, ConditionType
+from api.failures import FailureClass
 from api.v1alpha1 import (
     ConditionStatus,
     GangJob,
@@ -251,6 +252,11 @@ class Pass:
     )
     """`active()` and `staying()` as last computed, with what they were computed from: a pass
     asks for them ~45 times, each an O(N) walk (at N=5000, a third of `plan`)."""
+    stuck_memo: tuple[object, bool, Mapping[int, tuple[FailureClass, str]]] | None = field(
+        default=None, repr=False, compare=False
+    )
+    """`recreate.stuck_workers` as last computed, with the live workers and the agent placement
+    it was computed for (owned by `recreate`)."""
 
     @property
     def job(self) -> GangJob:

@@ -5,6 +5,7 @@ and 4.6)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, Final
 
@@ -87,8 +88,8 @@ def to_recreate(p: Pass, restarting: list[Decision]) -> set[int]:
         if d.action is FailureAction.RECREATE_WORKER or not d.failure.in_place
     }
     ranks.update(rank for rank in active if rank not in p.gang.workers)
-    wrapped, live = _agent_wraps_trainer(p), p.gang.live
-    ranks.update(rank for rank in active if rank in live and _stuck(p, live[rank], wrapped))
+    stuck = stuck_workers(p)
+    ranks.update(rank for rank in active if rank in stuck)
     return ranks
 
 
@@ -105,6 +106,23 @@ def _agent_wraps_trainer(p: Pass) -> bool:
     """In this pass's mode the trainer's container is the agent (`Process`): asked once per
     pass, not per worker."""
     return RESTART_MODES[p.effective_mode].agent is AgentPlacement.WRAPPER
+
+
+def stuck_workers(p: Pass) -> Mapping[int, tuple[FailureClass, str]]:
+    """Live worker -> why it cannot restart in place (`_stuck`), for those that cannot.
+    Computed once per pass: a restart asks it of every worker twice (`to_recreate`, then
+    `recreate_laggards`), each an O(N) walk."""
+    live, wrapped = p.gang.live, _agent_wraps_trainer(p)
+    held = p.stuck_memo
+    if held is not None and held[0] is live and held[1] == wrapped:
+        return held[2]
+    stuck: dict[int, tuple[FailureClass, str]] = {}
+    for rank, pod in live.items():
+        why = _stuck(p, pod, wrapped)
+        if why is not None:
+            stuck[rank] = why
+    p.stuck_memo = (live, wrapped, stuck)
+    return stuck
 
 
 def _stuck(p: Pass, pod: PodView, wrapped: bool) -> tuple[FailureClass, str] | None:
@@ -146,13 +164,13 @@ def recreate_laggards(p: Pass) -> bool:
     )
     timeout = p.job.spec.restart.barrier_timeout_seconds
     staying = p.staying()
-    wrapped = _agent_wraps_trainer(p)
+    stuck_of = stuck_workers(p)
     for rank in p.active():
         pod = staying.get(rank)
         if pod is None or pod.arrived_epoch == p.status.epoch:
             continue
         failure: classify.Failure | None = None
-        stuck = None if at_epoch(pod, p.status.epoch) else _stuck(p, pod, wrapped)
+        stuck = None if at_epoch(pod, p.status.epoch) else stuck_of.get(rank)
         if stuck is not None:
             cls, detail = stuck
             failure = classify.Failure(rank, cls, detail, node_name=pod.node_name, in_place=False)

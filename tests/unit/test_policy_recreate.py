@@ -19,6 +19,7 @@ from api.v1alpha1 import (
     RestartMode,
     dump_status,
 )
+from controller.policy import recreate
 from controller.policy.plan import Observed, PlanConfig, PodDelete, plan
 from controller.policy.recreate import ranks_text
 from controller.policy.views import NodeView, PodView
@@ -259,6 +260,29 @@ def test_a_message_names_the_first_recreated_ranks_and_counts_the_rest() -> None
         "worker(s) [2, 3, 4, 5, 6, 7, 8, 9, 10, 11] and 8 more"
     )
     assert ranks_text(set(range(40)), 40) == "all 40 workers"
+
+
+def test_a_restart_asks_once_per_pass_which_workers_cannot_restart_in_place(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The bump's pass asks it of every worker twice (which the restart recreates, then which
+    # laggards below the new epoch are stuck): at N=5000, a walk over every worker each time.
+    asked: list[str] = []
+    real = recreate._stuck
+
+    def counted(p: Any, pod: PodView, wrapped: bool) -> Any:
+        asked.append(pod.name)
+        return real(p, pod, wrapped)
+
+    monkeypatch.setattr(recreate, "_stuck", counted)
+    pods = [worker(0, 0), worker(1, 0, node="node-1"), worker(2, 0)]
+    nodes = [make_node(), make_node("node-1", ready="False")]
+    observed = gang(pods=[*pods[:2], crashed(pods[2])], nodes=nodes)
+    result = plan(observed)
+    assert result.status.epoch == 1
+    assert record(result).recreated == [1]
+    assert [d.name for d in result.delete_pods] == ["llama-1"]
+    assert sorted(asked) == ["llama-0", "llama-1", "llama-2"]
 
 
 # --- laggards -------------------------------------------------------------------------------
