@@ -79,11 +79,13 @@ REPORT_COALESCE = 1.0
 reports itself and runs the last one's pass at once (`_on_report`), so the passes before it only
 refresh the arrived counts, which status shows at most every second anyway; at N=5000 each is a
 pass over every worker (0.2-0.5 s)."""
-REPORT_BUDGET = 0.1
+REPORT_BUDGET = 0.05
 """The share of a core that the passes which only refresh the arrived counts may take: a report
 short of the barrier waits REPORT_COALESCE, or the gang's last planning time over this share if
-longer (at N=5000, ~0.25 s of planning: 2.5 s), but at most REPORT_COALESCE_MAX. Each such pass
-holds the event loop, and with it every other agent's report, for its whole planning time."""
+longer (at N=5000, ~0.15 s of planning: 3 s), but at most REPORT_COALESCE_MAX. Each such pass
+holds the event loop, and with it every other agent's report, for its whole planning time; a
+large gang's restart that takes less than that wait runs none (its last report's pass opens the
+barrier, and takes the waiting refresh with it)."""
 REPORT_COALESCE_MAX = 5.0
 PACE_FROM = 0.02
 """Seconds of planning from which a gang's next pass waits as long after its last one ended."""
