@@ -252,11 +252,11 @@ class Pass:
     )
     """`active()` and `staying()` as last computed, with what they were computed from: a pass
     asks for them ~45 times, each an O(N) walk (at N=5000, a third of `plan`)."""
-    stuck_memo: tuple[object, bool, Mapping[int, tuple[FailureClass, str]]] | None = field(
+    stuck_memo: tuple[object, bool, dict[int, tuple[FailureClass, str] | None]] | None = field(
         default=None, repr=False, compare=False
     )
-    """`recreate.stuck_workers` as last computed, with the live workers and the agent placement
-    it was computed for (owned by `recreate`)."""
+    """`recreate.stuck`'s answers so far, with the live workers and the agent placement they
+    were found for (owned by `recreate`)."""
 
     @property
     def job(self) -> GangJob:

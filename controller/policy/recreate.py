@@ -5,7 +5,6 @@ and 4.6)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, Final
 
@@ -88,8 +87,8 @@ def to_recreate(p: Pass, restarting: list[Decision]) -> set[int]:
         if d.action is FailureAction.RECREATE_WORKER or not d.failure.in_place
     }
     ranks.update(rank for rank in active if rank not in p.gang.workers)
-    stuck = stuck_workers(p)
-    ranks.update(rank for rank in active if rank in stuck)
+    live = p.gang.live
+    ranks.update(rank for rank in active if rank in live and stuck(p, rank, live[rank]))
     return ranks
 
 
@@ -108,21 +107,19 @@ def _agent_wraps_trainer(p: Pass) -> bool:
     return RESTART_MODES[p.effective_mode].agent is AgentPlacement.WRAPPER
 
 
-def stuck_workers(p: Pass) -> Mapping[int, tuple[FailureClass, str]]:
-    """Live worker -> why it cannot restart in place (`_stuck`), for those that cannot.
-    Computed once per pass: a restart asks it of every worker twice (`to_recreate`, then
-    `recreate_laggards`), each an O(N) walk."""
+def stuck(p: Pass, rank: int, pod: PodView) -> tuple[FailureClass, str] | None:
+    """Why live worker `rank` (its pod `pod`) cannot restart in place (`_stuck`), or None;
+    each worker's answer kept for the pass: a restart asks it of every worker twice
+    (`to_recreate`, then `recreate_laggards` of those below the new epoch), each an O(N)
+    walk."""
     live, wrapped = p.gang.live, _agent_wraps_trainer(p)
-    held = p.stuck_memo
-    if held is not None and held[0] is live and held[1] == wrapped:
-        return held[2]
-    stuck: dict[int, tuple[FailureClass, str]] = {}
-    for rank, pod in live.items():
-        why = _stuck(p, pod, wrapped)
-        if why is not None:
-            stuck[rank] = why
-    p.stuck_memo = (live, wrapped, stuck)
-    return stuck
+    memo = p.stuck_memo
+    if memo is None or memo[0] is not live or memo[1] != wrapped:
+        memo = p.stuck_memo = (live, wrapped, {})
+    known = memo[2]
+    if rank not in known:
+        known[rank] = _stuck(p, pod, wrapped)
+    return known[rank]
 
 
 def _stuck(p: Pass, pod: PodView, wrapped: bool) -> tuple[FailureClass, str] | None:
@@ -164,15 +161,14 @@ def recreate_laggards(p: Pass) -> bool:
     )
     timeout = p.job.spec.restart.barrier_timeout_seconds
     staying = p.staying()
-    stuck_of = stuck_workers(p)
     for rank in p.active():
         pod = staying.get(rank)
         if pod is None or pod.arrived_epoch == p.status.epoch:
             continue
         failure: classify.Failure | None = None
-        stuck = None if at_epoch(pod, p.status.epoch) else stuck_of.get(rank)
-        if stuck is not None:
-            cls, detail = stuck
+        why = None if at_epoch(pod, p.status.epoch) else stuck(p, rank, pod)
+        if why is not None:
+            cls, detail = why
             failure = classify.Failure(rank, cls, detail, node_name=pod.node_name, in_place=False)
         elif last is not None and pod.node_name is None and pod.pod_group is not None:
             # Waiting in its PodGroup for the gang to fit (e.g. preempted whole by a higher

@@ -283,6 +283,11 @@ def test_a_restart_asks_once_per_pass_which_workers_cannot_restart_in_place(
     assert record(result).recreated == [1]
     assert [d.name for d in result.delete_pods] == ["llama-1"]
     assert sorted(asked) == ["llama-0", "llama-1", "llama-2"]
+    # And a pass of the restart where they have all arrived (the barrier's) asks no one.
+    asked.clear()
+    arrived = gang(status=restarting_status(), pods=[worker(r, 1) for r in range(3)])
+    assert plan(arrived).status.barrier_epoch == 1
+    assert asked == []
 
 
 # --- laggards -------------------------------------------------------------------------------
