@@ -255,7 +255,7 @@ class Pass:
     stuck_memo: tuple[object, bool, dict[int, tuple[FailureClass, str] | None]] | None = field(
         default=None, repr=False, compare=False
     )
-    """`recreate.stuck`'s answers so far, with the live workers and the agent placement they
+    """`recreate.why_stuck`'s answers so far, with the live workers and the agent placement they
     were found for (owned by `recreate`)."""
 
     @property

@@ -88,7 +88,7 @@ def to_recreate(p: Pass, restarting: list[Decision]) -> set[int]:
     }
     ranks.update(rank for rank in active if rank not in p.gang.workers)
     live = p.gang.live
-    ranks.update(rank for rank in active if rank in live and stuck(p, rank, live[rank]))
+    ranks.update(rank for rank in active if rank in live and why_stuck(p, rank, live[rank]))
     return ranks
 
 
@@ -107,7 +107,7 @@ def _agent_wraps_trainer(p: Pass) -> bool:
     return RESTART_MODES[p.effective_mode].agent is AgentPlacement.WRAPPER
 
 
-def stuck(p: Pass, rank: int, pod: PodView) -> tuple[FailureClass, str] | None:
+def why_stuck(p: Pass, rank: int, pod: PodView) -> tuple[FailureClass, str] | None:
     """Why live worker `rank` (its pod `pod`) cannot restart in place (`_stuck`), or None;
     each worker's answer kept for the pass: a restart asks it of every worker twice
     (`to_recreate`, then `recreate_laggards` of those below the new epoch), each an O(N)
@@ -166,7 +166,7 @@ def recreate_laggards(p: Pass) -> bool:
         if pod is None or pod.arrived_epoch == p.status.epoch:
             continue
         failure: classify.Failure | None = None
-        why = None if at_epoch(pod, p.status.epoch) else stuck(p, rank, pod)
+        why = None if at_epoch(pod, p.status.epoch) else why_stuck(p, rank, pod)
         if why is not None:
             cls, detail = why
             failure = classify.Failure(rank, cls, detail, node_name=pod.node_name, in_place=False)
