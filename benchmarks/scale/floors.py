@@ -39,7 +39,7 @@ from benchmarks.scale.observer import (
     milestones,
     polled,
 )
-from benchmarks.scale.scenarios import Span, measure_restart
+from benchmarks.scale.scenarios import Span, measure_restart, no_collector
 from benchmarks.scale.settings import ANNOTATION_FLOOR_CONCURRENCY
 from controller.k8s import GANGJOBS
 
@@ -150,7 +150,7 @@ async def annotation_floor(w: World, tracker: JobTracker, rep: int, gang: str) -
                 opening, lambda: f"{sum(jw.state is not None for jw in watchers)}/{n} read the job",
             )  # fmt: skip
         before = CtlSample.take(w.ctl)
-        async with CpuSampler.running(w.cpu_pids()) as sampler:
+        async with no_collector(), CpuSampler.running(w.cpu_pids()) as sampler:
             t0 = time.monotonic()
             await asyncio.gather(*(one(n) for n in names))
             t1 = time.monotonic()

@@ -176,11 +176,8 @@ async def run_gang(
         print(f"  N={w.n} {name} gang running in {startup[name]:.1f}s "
               f"({reqs} controller API requests)", file=sys.stderr)  # fmt: skip
         await steady(w, tracker, 0, pods=gang_pods(w, tracker))
-        # The simulation holds thousands of agents and pods in this one heap; the collector's
-        # passes over it (a fifth of this process's CPU in a restart at N=5000, sampled with
-        # py-spy) are the simulation's cost, not the agents': a pod's agent has a small heap.
-        gc.collect()
-        gc.freeze()
+        # Each repetition freezes the heap and runs without the collector
+        # (`scenarios.no_collector`); the gang's objects are unfrozen with it, below.
         try:
             await measure(tracker)
         except Unfinished as e:
