@@ -97,9 +97,15 @@ _PROGRESS_MESSAGES = frozenset({ConditionType.READY.value, ConditionType.STUCK.v
 arrived"): it moves with every arrival, as `workers` does."""
 
 
+_ROLE_COUNTS: Final = frozenset({"ready", "arrived", "succeeded", "failed"})
+"""Each role's counts of its workers (`status.roles[]`), as `workers` counts the gang's. A pass
+reads a role's name, state, replicas and `startedLateAt` back from the status, never these."""
+
+
 def progress_only(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
-    """Whether two statuses differ only in progress counts: `workers` and the messages of the
-    Ready and Stuck conditions (same status and reason)."""
+    """Whether two statuses differ only in progress counts: `workers`, each role's counts and
+    `rolesReady` (the `Roles` column that says them), and the messages of the Ready and Stuck
+    conditions (same status and reason)."""
     return _without_progress(old) == _without_progress(new)
 
 
@@ -124,7 +130,13 @@ def _without_refresh(status: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _without_progress(status: Mapping[str, Any]) -> dict[str, Any]:
-    out = {k: v for k, v in status.items() if k != "workers"}
+    out = {k: v for k, v in status.items() if k not in ("workers", "rolesReady")}
+    roles = out.get("roles")
+    if isinstance(roles, list):
+        out["roles"] = [
+            {k: v for k, v in r.items() if k not in _ROLE_COUNTS} if isinstance(r, Mapping) else r
+            for r in roles
+        ]
     conditions = out.get("conditions")
     if isinstance(conditions, list):
         out["conditions"] = [

@@ -29,6 +29,7 @@ from controller.reconcile import (
     Outcome,
     Reconciler,
     progress_only,
+    quiet_only,
     refresh_only,
 )
 from controller.runtime import metrics
@@ -222,6 +223,27 @@ def test_counts_in_the_ready_and_stuck_messages_are_progress_a_new_cause_is_not(
     assert progress_only(before, later)  # throttled with the counts: every agent reads it
     other = status("20/5000 workers ready", "AgentCrashLooping", "The agent keeps ...", 20)
     assert not progress_only(before, other)
+
+
+def test_each_roles_counts_are_progress_its_state_and_size_are_not() -> None:
+    def status(ready: int, arrived: int, state: str = "Running", replicas: int = 1000) -> Any:
+        return {
+            "epoch": 3,
+            "workers": {"total": 1000, "ready": ready, "arrived": arrived},
+            "roles": [
+                {"name": "worker", "state": state, "replicas": replicas, "ready": ready,
+                 "arrived": arrived, "succeeded": 0, "failed": 0},
+                {"name": "ps", "state": "Running", "replicas": 2, "ready": 2, "arrived": 2},
+            ],
+            "rolesReady": f"worker {ready}/{replicas}, ps 2/2",
+        }  # fmt: skip
+
+    # What a pass writes each second of an in-place restart, as the workers come back.
+    assert progress_only(status(998, 0), status(791, 1))
+    assert quiet_only(status(998, 0), status(791, 1))
+    # What a pass reads back (plan, the barrier's count): never throttled, never quiet.
+    assert not progress_only(status(1000, 1000), status(1000, 1000, state="Complete"))
+    assert not progress_only(status(1000, 1000), status(1000, 1000, replicas=900))
 
 
 class StatusRecorder:
