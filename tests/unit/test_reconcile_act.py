@@ -24,6 +24,7 @@ from controller.k8s.store import BY_GANGJOB, Store, StoreEvent, gangjob_index
 from controller.manager import Manager, Settings
 from controller.policy.plan import Observed, Plan, PlanConfig, PodDelete, plan
 from controller.reconcile import (
+    COUNT_WRITE_BUDGET,
     REFUSED_RETRY_SECONDS,
     Caches,
     Outcome,
@@ -257,6 +258,49 @@ class StatusRecorder:
         self.version += 1
         self.written.append(body["status"])
         return {"metadata": {"name": name, "resourceVersion": str(self.version)}}
+
+
+class SlowStatus(StatusRecorder):
+    """An apiserver that answers each status write `delay` seconds late."""
+
+    delay = 0.0
+
+    async def patch_status(self, kind: Any, name: str, body: Any, ns: Any = None) -> Any:
+        await asyncio.sleep(self.delay)
+        return await super().patch_status(kind, name, body, ns)
+
+
+async def test_counts_wait_longer_after_a_slow_write_and_the_protocol_never_waits() -> None:
+    api = SlowStatus()
+    caches = Caches(*(Store(cast(Any, api), k) for k in (GANGJOBS, PODS, NODES, SERVICES)))
+    reconciler = Reconciler(cast(Any, api), caches, progress_interval=0.01)
+    running = running_status(epoch=3)
+    job, obj = with_status(make_job(replicas=2), running), job_dict(2, status=dump_status(running))
+
+    def counts(arrived: int, epoch: int = 3) -> Plan:
+        status = running.model_copy(
+            update={"epoch": epoch, "workers": WorkersStatus(total=2, arrived=arrived)}
+        )
+        return Plan(status=status, create_service=None, create_pods=[], delete_pods=[], events=[])
+
+    # A prompt apiserver: counts wait `progress_interval` after the last write, no longer.
+    assert (await reconciler.act(job, obj, counts(1))).status_written
+    quick = await reconciler.act(job, obj, counts(2))
+    assert not quick.status_written
+    assert quick.requeue_after is not None
+    assert quick.requeue_after <= 0.01
+    # A write that waited 0.1 s: the next counts wait 0.1 / COUNT_WRITE_BUDGET = 0.5 s.
+    api.delay = 0.1
+    await asyncio.sleep(0.02)
+    assert (await reconciler.act(job, obj, counts(2))).status_written
+    api.delay = 0.0
+    slow = await reconciler.act(job, obj, counts(3))
+    assert not slow.status_written
+    assert slow.requeue_after is not None
+    assert 0.1 / COUNT_WRITE_BUDGET - 0.05 < slow.requeue_after < 0.1 / COUNT_WRITE_BUDGET + 0.05
+    # What a pass decides (here the epoch) is written at once, however slow the last write was.
+    assert (await reconciler.act(job, obj, counts(3, epoch=4))).status_written
+    assert len(api.written) == 3
 
 
 async def test_the_echo_of_a_quiet_write_needs_no_pass_and_no_other_write_does() -> None:
