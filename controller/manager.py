@@ -195,7 +195,9 @@ class Manager:
             ),
             identity=settings.identity,
             arrivals=self.arrivals,
-            access=AccessReview(kube, ttl=settings.recheck_seconds),
+            access=AccessReview(
+                kube, ttl=settings.recheck_seconds, on_change=self._on_access_change
+            ),
             quarantine=self.quarantine,
         )
         self.authenticator = TokenAuthenticator(lambda body: kube.create(TOKENREVIEWS, body))
@@ -318,6 +320,14 @@ class Manager:
             if arrival:
                 self._enqueue_arrival(key)
             else:
+                self._enqueue(key)
+
+    def _on_access_change(self, namespace: str) -> None:
+        # What the agents of a namespace may do changed (a re-review in the background): its
+        # gangs' Stuck condition says so.
+        keys = self.jobs.keys()  # a Store, not a dict
+        for key in keys:
+            if key.partition("/")[0] == namespace:
                 self._enqueue(key)
 
     def _on_node(self, event: StoreEvent) -> None:

@@ -186,6 +186,11 @@ class AccessReview:
     them in this process (before, the review would deny what the first pass is about to
     grant). A denial for them makes them again first (someone deleted the RoleBinding): only
     what that does not cure is reported.
+
+    An answer past its `ttl` still serves while the next is asked in the background, and
+    `on_change(namespace)` is told when that one differs: a pass (a failure's, the one that
+    opens a barrier) must not wait a round trip to an apiserver that, in a large in-place
+    restart, is busy with every kubelet's status writes (0.29 s at N=1000 on the sim).
     """
 
     def __init__(
@@ -195,9 +200,11 @@ class AccessReview:
         ttl: float = 30.0,
         access: WorkerAccess | None = None,
         clock: Callable[[], float] = time.monotonic,
+        on_change: Callable[[str], None] | None = None,
     ) -> None:
         self._kube = kube
         self._ttl = ttl
+        self._on_change = on_change
         self._access = access if access is not None else _PROCESS_WIDE
         self._clock = clock
         self._answers: dict[tuple[str, str], tuple[float, tuple[str, ...]]] = {}
@@ -218,8 +225,15 @@ class AccessReview:
         if task is None:
             task = asyncio.create_task(self._review(namespace, service_account))
             self._inflight[key] = task
-            task.add_done_callback(lambda _: self._inflight.pop(key, None))
+            task.add_done_callback(lambda done: self._reviewed(key, done))
+        if hit is not None:
+            return hit[1]  # stale, while the next answer is asked
         return await asyncio.shield(task)
+
+    def _reviewed(self, key: tuple[str, str], task: asyncio.Task[tuple[str, ...]]) -> None:
+        self._inflight.pop(key, None)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("SubjectAccessReview of %s/%s failed", *key, exc_info=task.exception())
 
     async def _review(self, namespace: str, service_account: str) -> tuple[str, ...]:
         key = (namespace, service_account)
@@ -258,7 +272,10 @@ class AccessReview:
             )
         elif before and not denied:
             log.info("worker agents in %s/%s may do their part again", namespace, service_account)
+        known = key in self._answers
         self._answers[key] = (self._clock(), denied)
+        if known and denied != before and self._on_change is not None:
+            self._on_change(namespace)
         return denied
 
     async def _ask(self, namespace: str, service_account: str) -> tuple[str, ...]:

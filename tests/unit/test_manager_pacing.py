@@ -129,3 +129,14 @@ async def test_a_reported_exit_is_planned_at_once() -> None:
     failed = manager_told(Report("u3", 4, exit=(4, 1)))
     assert len(failed.queue) == 1
     assert not failed.arrivals.take_failed(KEY)  # told once
+
+
+async def test_a_changed_access_review_plans_the_namespaces_gangs() -> None:
+    # A review past its ttl answers in the background (the pass used the last answer): when
+    # the answer changed, the gangs of that namespace are planned again to say so.
+    manager = Manager(cast(Kube, object()), Settings(metrics_address=None, health_address=None))
+    for ns, name in (("ml", "a"), ("ml", "b"), ("other", "c")):
+        manager.jobs._items[f"{ns}/{name}"] = {"metadata": {"namespace": ns, "name": name}}
+    manager._on_access_change("ml")
+    assert len(manager.queue) == 2
+    assert {await manager.queue.get(), await manager.queue.get()} == {"ml/a", "ml/b"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -147,13 +148,19 @@ async def test_nothing_is_reviewed_before_the_controller_made_the_namespaces_acc
 async def test_the_worker_role_in_place_denies_nothing_and_is_asked_once_per_ttl() -> None:
     api = Authorizer()
     clock = FakeClock()
-    review, _ = await reviewed(api, ttl=30, clock=clock.now)
+    changed: list[str] = []
+    review, _ = await reviewed(api, ttl=30, clock=clock.now, on_change=changed.append)
     assert await review.denied("ml", "gangjob-worker") == ()
     assert api.calls == ["review"] * 5
     assert await review.denied("ml", "gangjob-worker") == ()
     assert len(api.calls) == 5  # cached
     clock.advance(31)
     api.role = False
+    # Past the ttl the last answer serves at once, while the next is asked.
+    assert await review.denied("ml", "gangjob-worker") == ()
+    assert await review.denied("ml", "gangjob-worker") == ()
+    await asyncio.sleep(0.01)
+    assert changed == ["ml"]  # one review ran, not two
     assert await review.denied("ml", "gangjob-worker") == (
         "get pods",
         "patch pods",
@@ -161,6 +168,11 @@ async def test_the_worker_role_in_place_denies_nothing_and_is_asked_once_per_ttl
         "list gangjobs",
         "watch gangjobs",
     )
+    # The same answer again is no change.
+    clock.advance(31)
+    await review.denied("ml", "gangjob-worker")
+    await asyncio.sleep(0.01)
+    assert changed == ["ml"]
 
 
 async def test_a_missing_cluster_role_is_denied_and_logged_once(
@@ -173,6 +185,7 @@ async def test_a_missing_cluster_role_is_denied_and_logged_once(
     assert "get pods" in await review.denied("ml", "gangjob-worker")
     clock.advance(31)
     assert "get pods" in await review.denied("ml", "gangjob-worker")
+    await asyncio.sleep(0.01)  # the review past the ttl
     logged = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(logged) == 1
     assert "ServiceAccount gangjob-worker, which may not get pods" in logged[0]
@@ -214,6 +227,8 @@ async def test_an_unreachable_apiserver_keeps_the_last_answer() -> None:
     assert denied
     clock.advance(31)
     api.down = True
+    assert await review.denied("ml", "gangjob-worker") == denied
+    await asyncio.sleep(0.01)  # the review past the ttl fails
     assert await review.denied("ml", "gangjob-worker") == denied
 
 
