@@ -325,8 +325,7 @@ class Manager:
     def _on_access_change(self, namespace: str) -> None:
         # What the agents of a namespace may do changed (a re-review in the background): its
         # gangs' Stuck condition says so.
-        keys = self.jobs.keys()  # a Store, not a dict
-        for key in keys:
+        for key in self.jobs.keys():  # noqa: SIM118 (a Store, not a dict)
             if key.partition("/")[0] == namespace:
                 self._enqueue(key)
 
