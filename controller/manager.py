@@ -25,6 +25,7 @@ from typing import Any
 
 from api.constants import (
     ANNOTATION_EPOCH,
+    ANNOTATION_RESTART_MODE,
     LABEL_NAME,
 )
 from controller.arrivals.auth import TokenAuthenticator
@@ -91,6 +92,16 @@ PACE_FROM = 0.02
 """Seconds of planning from which a gang's next pass waits as long after its last one ended."""
 PACE_MAX = 1.0
 """The longest such wait."""
+RESTART_EVENT_BUDGET = 0.2
+"""The share of a core that the passes woken by the kubelet's writes of a `Pod`-mode restart may
+take: while the barrier is shut, a change of a pod whose worker restarts in place by the protocol
+and has not arrived (`_restarting_in_place`) queues the pass the gang's last planning time over
+this share later, at most RESTART_EVENT_MAX. Those changes are no failure (`classify` judges only
+workers at the epoch), and at N=5000 there are ~15,000 of them in a restart: paced like any other
+event they ran a pass over every worker back to back, half the controller's time, which held
+every arrival's report and made the barrier's own pass wait behind one in flight. A gang whose
+planning is below PACE_FROM is not held."""
+RESTART_EVENT_MAX = 2.0
 _VOLATILE_META = ("resourceVersion", "managedFields", "annotations")
 LEADER_LABEL = "gangjob.io/arrivals"
 """On the controller's own pod while it leads (value `leader`): the arrival Service selects
@@ -319,8 +330,39 @@ class Manager:
         for key in gangjob_index(event.obj):
             if arrival:
                 self._enqueue_arrival(key)
+            elif event.type == "MODIFIED" and self._restarting_in_place(key, event.obj):
+                self._enqueue(key, after=self._restart_event_wait(key))
             else:
                 self._enqueue(key)
+
+    def _restarting_in_place(self, key: str, pod: JsonDict) -> bool:
+        """Whether `pod` is a `Pod`-mode worker of gang `key` that restarts in place by the
+        protocol: the gang's barrier is shut at its epoch E, the pod is neither being deleted nor
+        finished, and its worker has not arrived at E (no report of its pod at E, no epoch
+        annotation at E). Its changes are the kubelet restarting its containers, which no pass
+        takes for a failure; once its agent arrives (or for a worker at E), they are looked at
+        now."""
+        meta = pod.get("metadata") or {}
+        annotations = meta.get("annotations") or {}
+        if annotations.get(ANNOTATION_RESTART_MODE) != "Pod" or meta.get("deletionTimestamp"):
+            return False
+        if (pod.get("status") or {}).get("phase") in ("Failed", "Succeeded"):
+            return False
+        status = (self.jobs.get(key) or {}).get("status") or {}
+        epoch = status.get("epoch")
+        if not isinstance(epoch, int) or status.get("barrierEpoch") == epoch:
+            return False
+        if str(annotations.get(ANNOTATION_EPOCH, "")).strip() == str(epoch):
+            return False
+        report = self.arrivals.get(meta.get("namespace", ""), meta.get("name", ""))
+        return report is None or report.uid != meta.get("uid") or report.epoch < epoch
+
+    def _restart_event_wait(self, key: str) -> float:
+        """How long a restarting worker's change waits for its pass (`RESTART_EVENT_BUDGET`)."""
+        planning = self._planning.get(key, 0.0)
+        if planning < PACE_FROM:
+            return 0.0
+        return min(planning / RESTART_EVENT_BUDGET, RESTART_EVENT_MAX)
 
     def _on_access_change(self, namespace: str) -> None:
         # What the agents of a namespace may do changed (a re-review in the background): its

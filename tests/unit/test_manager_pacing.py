@@ -5,18 +5,23 @@ do not take the CPU the apiserver needs while they restart. Small gangs are neve
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 from typing import cast
 
 import pytest
 
+from api.constants import ANNOTATION_EPOCH, ANNOTATION_RESTART_MODE, LABEL_NAME
 from controller.arrivals.book import Report
 from controller.k8s import Kube
+from controller.k8s.store import StoreEvent
 from controller.manager import (
     PACE_MAX,
     REPORT_BUDGET,
     REPORT_COALESCE,
     REPORT_COALESCE_MAX,
+    RESTART_EVENT_BUDGET,
+    RESTART_EVENT_MAX,
     Manager,
     Settings,
 )
@@ -140,3 +145,90 @@ async def test_a_changed_access_review_plans_the_namespaces_gangs() -> None:
     manager._on_access_change("ml")
     assert len(manager.queue) == 2
     assert {await manager.queue.get(), await manager.queue.get()} == {"ml/a", "ml/b"}
+
+
+def _restart_manager(planning: float) -> Manager:
+    """A gang of 2 at epoch 5 whose barrier is shut (it restarts), planned for `planning` s."""
+    manager = Manager(cast(Kube, object()), Settings(metrics_address=None, health_address=None))
+    manager.jobs._items[KEY] = {
+        "metadata": {"namespace": "ml", "name": "llama"},
+        "spec": {"replicas": 2},
+        "status": {"epoch": 5, "barrierEpoch": 4},
+    }
+    manager._planning[KEY] = planning
+    return manager
+
+
+def _pod(mode: str = "Pod", **status: object) -> StoreEvent:
+    pod = {
+        "metadata": {
+            "namespace": "ml",
+            "name": "llama-1",
+            "uid": "u1",
+            "labels": {LABEL_NAME: "llama"},
+            "annotations": {ANNOTATION_RESTART_MODE: mode},
+        },
+        "status": {"phase": "Running", **status},
+    }
+    return StoreEvent("MODIFIED", pod, old=copy.deepcopy(pod))
+
+
+def _queued_in(manager: Manager) -> float | None:
+    """Seconds until the gang's pass, 0 if ready now, None if not queued."""
+    if len(manager.queue):
+        return 0.0
+    at = manager.queue._waiting_at.get(KEY)
+    return None if at is None else at - time.monotonic()
+
+
+async def test_the_kubelets_writes_of_an_in_place_restart_wait_for_a_budgeted_pass() -> None:
+    # A Pod-mode restart at N=5000 is ~15,000 pod changes, none of them a failure until the
+    # worker arrives: at the pace alone they ran passes back to back, holding every report.
+    manager = _restart_manager(0.3)
+    manager._on_pod(_pod())
+    wait = _queued_in(manager)
+    assert wait is not None
+    assert wait == pytest.approx(manager._restart_event_wait(KEY), abs=0.1)
+    assert wait == pytest.approx(0.3 / RESTART_EVENT_BUDGET, abs=0.1)
+    manager._planning[KEY] = 30.0
+    assert manager._restart_event_wait(KEY) == RESTART_EVENT_MAX
+    # A small gang's pass is cheap: never held.
+    small = _restart_manager(0.005)
+    small._on_pod(_pod())
+    assert _queued_in(small) == 0.0
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["arrived-by-report", "arrived-by-annotation", "process-mode", "failed", "deleted",
+     "barrier-open", "no-status"],
+)  # fmt: skip
+async def test_a_change_that_may_be_a_failure_is_looked_at_now(case: str) -> None:
+    # Once a worker arrived at the epoch, or where its restart is no kubelet's in-place one, a
+    # change of its pod may be a failure of the gang: its pass is not held.
+    manager = _restart_manager(0.3)
+    event = _pod("Process" if case == "process-mode" else "Pod")
+    meta = event.obj["metadata"]
+    if case == "arrived-by-report":
+        manager.arrivals.record("ml", "llama-1", Report("u1", 5), job=KEY)
+    elif case == "arrived-by-annotation":
+        meta["annotations"][ANNOTATION_EPOCH] = "5"
+        event = StoreEvent("MODIFIED", event.obj, old=copy.deepcopy(event.obj))
+    elif case == "failed":
+        event.obj["status"]["phase"] = "Failed"
+    elif case == "deleted":
+        meta["deletionTimestamp"] = "2026-11-28T18:00:00Z"
+    elif case == "barrier-open":
+        manager.jobs._items[KEY]["status"]["barrierEpoch"] = 5
+    elif case == "no-status":
+        del manager.jobs._items[KEY]["status"]
+    manager._on_pod(event)
+    assert _queued_in(manager) == 0.0
+
+
+async def test_a_report_of_an_older_pod_of_the_name_does_not_count_as_arrived() -> None:
+    manager = _restart_manager(0.3)
+    manager.arrivals.record("ml", "llama-1", Report("u0", 5), job=KEY)  # the replaced pod's
+    assert manager._restarting_in_place(KEY, _pod().obj)
+    manager.arrivals.record("ml", "llama-1", Report("u1", 4), job=KEY)  # below the epoch
+    assert manager._restarting_in_place(KEY, _pod().obj)
