@@ -20,9 +20,21 @@ def pod_name(job_name: str, index: int, role: str | None = None) -> str:
 
 def worker_pod_name(job: GangJob, worker: int) -> str:
     """The pod name of worker number `worker` (`gangjob.io/rank`) of the job."""
-    slot = job.spec.workers[worker]
-    role = None if job.spec.shorthand else slot.role.name
-    return pod_name(job.metadata.name, slot.index, role)
+    return worker_pod_names(job)[worker]
+
+
+def worker_pod_names(job: GangJob) -> tuple[str, ...]:
+    """Every worker's pod name, by worker number (kept on the parsed spec)."""
+    memo = job.spec.pod_names
+    names = memo.get(job.metadata.name)
+    if names is None:
+        shorthand = job.spec.shorthand
+        names = tuple(
+            pod_name(job.metadata.name, slot.index, None if shorthand else slot.role.name)
+            for slot in job.spec.workers
+        )
+        memo[job.metadata.name] = names
+    return names
 
 
 def coordinator_pod_name(job: GangJob) -> str:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
 
-from api.naming import worker_pod_name
+from api.naming import worker_pod_names
 from api.v1alpha1 import GangJob, GangJobStatus
 from controller.policy.views import PodView
 
@@ -39,17 +39,14 @@ class Gang:
 def sort_pods(job: GangJob, pods: Sequence[PodView]) -> Gang:
     workers: dict[int, PodView] = {}
     strays: list[PodView] = []
+    uid, names = job.metadata.uid, worker_pod_names(job)
     for pod in pods:
         # A pod controlled by another object (a deleted namesake GangJob's leftovers, or an
         # orphan) is not ours to count or delete; it still holds its name.
-        if job.metadata.uid is None or pod.controller_uid != job.metadata.uid:
+        if uid is None or pod.controller_uid != uid:
             continue
         rank = pod.rank
-        if (
-            rank is not None
-            and 0 <= rank < len(job.spec.workers)
-            and pod.name == worker_pod_name(job, rank)
-        ):
+        if rank is not None and 0 <= rank < len(names) and pod.name == names[rank]:
             workers[rank] = pod
         else:
             strays.append(pod)
