@@ -101,7 +101,9 @@ workers at the epoch), and at N=5000 there are ~15,000 of them in a restart: pac
 event they ran a pass over every worker back to back, half the controller's time, which held
 every arrival's report and made the barrier's own pass wait behind one in flight. A gang whose
 planning is below PACE_FROM is not held."""
-RESTART_EVENT_MAX = 2.0
+RESTART_EVENT_MAX = PACE_MAX
+"""The longest such wait: no longer than the pace's own, so that a pass the barrier still needs
+after the last arrival's (a status the kubelet wrote late) comes no later than it did."""
 _VOLATILE_META = ("resourceVersion", "managedFields", "annotations")
 LEADER_LABEL = "gangjob.io/arrivals"
 """On the controller's own pod while it leads (value `leader`): the arrival Service selects
