@@ -5,7 +5,6 @@ brought to a steady epoch, torn down), and the node failure that node-lost injec
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import sys
 import time
@@ -24,6 +23,7 @@ from benchmarks.scale.settings import (
     Settings,
 )
 from controller.k8s import GANGJOBS, NODES, JsonDict, Kube, NotFound
+from controller.k8s.errors import ApiError as KubeError
 from localcluster.cluster import (
     KWOK_NODE_ANNOTATION,
     KWOK_STATUS_ANNOTATION,
@@ -280,6 +280,33 @@ async def steady(
 
 TEARDOWN_CONCURRENCY = 32
 """Pod deletes in flight at a gang's teardown."""
+TEARDOWN_JOB_SECONDS = 600.0
+"""How long a gang's teardown asks again for its GangJob's delete while the apiserver cannot
+answer: after an overrun at N=5000 (arrival by annotation) etcd's writes were timing out, the
+delete's retries ran out, and the run ended without writing what it had measured at that size."""
+
+
+async def delete_job(
+    kube: Kube, name: str, ns: str, *, within: float = TEARDOWN_JOB_SECONDS
+) -> None:
+    """The GangJob deleted (or already gone), asking again on errors worth retrying (429, 5xx,
+    a broken or timed-out connection) for up to `within` seconds."""
+    deadline = time.monotonic() + within
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            await kube.delete(GANGJOBS, name, ns)
+            return
+        except NotFound:
+            return
+        except KubeError as e:
+            if not e.retriable or time.monotonic() >= deadline:
+                raise
+            delay = min(2.0 * attempt, 15.0)
+            print(f"deleting gang {ns}/{name}: {e}; asking again in {delay:.0f}s",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            await asyncio.sleep(delay)
 
 
 async def teardown_gang(w: World, name: str) -> None:
@@ -288,8 +315,7 @@ async def teardown_gang(w: World, name: str) -> None:
     grace 0, `TEARDOWN_CONCURRENCY` at once. One deletecollection would run them one after
     another (the apiserver's `--delete-collection-workers` is 1): at N=5000 it outlasted the
     request timeout several times over."""
-    with contextlib.suppress(NotFound):
-        await w.kube.delete(GANGJOBS, name, w.ns)
+    await delete_job(w.kube, name, w.ns)
     path = f"/api/v1/namespaces/{w.ns}/pods"
     slots = asyncio.Semaphore(TEARDOWN_CONCURRENCY)
     progress = Progress(f"N={w.n} deleting {name}")
