@@ -303,14 +303,23 @@ class Manager:
         planning = self._planning.get(key, 0.0)
         return min(max(REPORT_COALESCE, planning / REPORT_BUDGET), REPORT_COALESCE_MAX)
 
-    def _barrier_due(self, key: str) -> bool:
+    def _shut_barrier(self, key: str) -> tuple[int, Mapping[str, Any], Mapping[str, Any]] | None:
+        """(epoch, spec, status) of the cached GangJob `key` while its barrier is shut at its
+        epoch (a restart in progress); None otherwise."""
         obj = self.jobs.get(key)
         if obj is None:
-            return False
+            return None
         status, spec = obj.get("status") or {}, obj.get("spec") or {}
         epoch = status.get("epoch")
         if not isinstance(epoch, int) or status.get("barrierEpoch") == epoch:
+            return None
+        return epoch, spec, status
+
+    def _barrier_due(self, key: str) -> bool:
+        shut = self._shut_barrier(key)
+        if shut is None:
             return False
+        epoch, spec, status = shut
         expected = barrier_waits_for(spec, status)
         return expected is not None and self.arrivals.waiting(key, epoch) >= expected
 
@@ -350,10 +359,10 @@ class Manager:
             return False
         if (pod.get("status") or {}).get("phase") in ("Failed", "Succeeded"):
             return False
-        status = (self.jobs.get(key) or {}).get("status") or {}
-        epoch = status.get("epoch")
-        if not isinstance(epoch, int) or status.get("barrierEpoch") == epoch:
+        shut = self._shut_barrier(key)
+        if shut is None:
             return False
+        epoch = shut[0]
         if str(annotations.get(ANNOTATION_EPOCH, "")).strip() == str(epoch):
             return False
         report = self.arrivals.get(meta.get("namespace", ""), meta.get("name", ""))
