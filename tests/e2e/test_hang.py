@@ -23,7 +23,9 @@ HANG_SECONDS = 5
 # Every trainer reports a step a second, as a shell loop can, and the gang's one checkpoint, of
 # step 3, once there (a checkpoint is the gang's: the step it resumes from): rank 1 stops
 # reporting after step 5 at epoch 0 but stays alive (as a wedged device leaves a trainer),
-# rank 2 never reports at all, and rank 0 writes one malformed line each epoch.
+# rank 2 never reports at all, and rank 0 follows each step from its second with a malformed
+# line (every step: the file is replaced each second and the agent polls each second, so a line
+# written once can be replaced before any poll reads it).
 TRAINER = r"""
 trap 'exit 0' TERM
 epoch=${GANGJOB_EPOCH:-$(cat "$GANGJOB_DIR/epoch")}
@@ -36,7 +38,7 @@ while :; do
     2:*) ;;
     1:0) if [ "$i" -le 5 ]; then echo "$line" > "$GANGJOB_PROGRESS"; fi ;;
     0:*) echo "$line" > "$GANGJOB_PROGRESS"
-         if [ "$i" = 2 ]; then echo "step=two" >> "$GANGJOB_PROGRESS"; fi ;;
+         if [ "$i" -ge 2 ]; then echo "step=two" >> "$GANGJOB_PROGRESS"; fi ;;
     *) echo "$line" > "$GANGJOB_PROGRESS" ;;
   esac
   echo "epoch=$epoch rank=$RANK step=$i"
@@ -95,8 +97,8 @@ async def _restarts_in_place_as_a_hang(node_kube: Kube, ns: str, name: str) -> N
     # What it lost: the gang was at rank 1's step 5, its common checkpoint at step 3.
     assert (last["step"], last["checkpointStep"], last["lostSteps"]) == (5, 3, 2), last
     assert uids(await gang_pods(node_kube, ns, name)) == before  # in place: the same pods
-    # Rank 2 never reported and rank 1 reports again: no more restarts. Rank 0's malformed line
-    # of this epoch is counted once its summary comes in, and both ranks are counted once both
+    # Rank 2 never reported and rank 1 reports again: no more restarts. Rank 0's malformed lines
+    # of this epoch are counted once its summary comes in, and both ranks are counted once both
     # summaries are in (the epoch's first summary is written at once, whichever rank sent it;
     # the rest at most 30 s later).
     job = await watch_job(
