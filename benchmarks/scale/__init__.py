@@ -19,7 +19,8 @@ kubelet's part of a KEP-5532 whole-pod restart with the measured ~2 s delay):
   and recreated elsewhere, the rest restart in place;
 - recreate: the same failure in a `Recreate` gang: every pod deleted, recreated, scheduled,
   Running, arrived, barrier open;
-- in-place-annotation: in-place with arrival by pod annotation and each agent's own watch;
+- in-place-annotation: in-place with arrival by pod annotation and each agent's own watch
+  (N <= 1000 only: at N=5000 it overruns its deadline);
 - floor: the protocol's physical limit in place, the real pieces minus the controller's
   decisions: this process writes `status.epoch` = E+1; the time until every agent saw it,
   every pod restarted and every arrival report was accepted, plus the barrier write seen by

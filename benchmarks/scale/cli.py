@@ -10,6 +10,8 @@ import benchmarks.scale
 from benchmarks.common import until_terminated
 from benchmarks.scale.runner import run
 from benchmarks.scale.settings import (
+    ANNOTATION,
+    ANNOTATION_MAX_SIZE,
     DEFAULT_MODES,
     HANG,
     IN_PLACE_TLS,
@@ -61,7 +63,8 @@ def main() -> int:
         "--modes",
         default=",".join(DEFAULT_MODES),
         help=f"measurements to take, comma-separated (default: all of {','.join(DEFAULT_MODES)}, "
-        f"{IN_PLACE_TLS} at N <= {TLS_MAX_SIZE} only; {HANG}, a hung trainer's detection and "
+        f"{IN_PLACE_TLS} at N <= {TLS_MAX_SIZE} and {ANNOTATION} at N <= {ANNOTATION_MAX_SIZE} "
+        f"only; {HANG}, a hung trainer's detection and "
         f"restart, and {','.join(NODE_LOSS)}, a node lost with no room for its worker, only "
         "when named)",
     )

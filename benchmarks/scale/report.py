@@ -15,6 +15,7 @@ from benchmarks.scale.goals import RECREATE_OVER_IN_PLACE_MIN, verdicts
 from benchmarks.scale.peer import CONTROLLER_MANAGER_RATES, SCHEDULER_RATE, STEPS
 from benchmarks.scale.settings import (
     ANNOTATION_FLOOR_CONCURRENCY,
+    ANNOTATION_MAX_SIZE,
     HANG,
     HANG_SECONDS,
     HANG_STEPS_PER_SECOND,
@@ -269,7 +270,8 @@ def report(settings: Settings, meta: dict[str, Any], results: list[dict[str, Any
         "(`status.barrierEpoch` seen in a watch). in-place and node-lost: agents report "
         "arrivals to the controller's endpoint and read the job's state from its answer (as "
         "deployed); in-place-annotation: the same restart with arrival by pod annotation and "
-        "each agent's own watch of its GangJob.",
+        "each agent's own watch of its GangJob, "
+        f"at N <= {ANNOTATION_MAX_SIZE} only (at N=5000 it overruns its deadline).",
         "",
         "process = the in-place restart of a `Process` gang (`spec.restart.mode: Process`, its "
         "own gang of N): the same failure, one worker's trainer exits 1, and every agent stops "

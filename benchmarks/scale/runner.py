@@ -46,6 +46,8 @@ from benchmarks.scale.scenarios import (
     steady_cost,
 )
 from benchmarks.scale.settings import (
+    ANNOTATION,
+    ANNOTATION_MAX_SIZE,
     HANG,
     HANG_SECONDS,
     HANG_STEPS_PER_SECOND,
@@ -303,8 +305,9 @@ async def measure_gang(
         # agents restarted from here on get no endpoint).
         w.s.arrival_url = None
         try:
-            for rep in range(reps if "in-place-annotation" in want else 0):
-                rows.append(await in_place(w, tracker, rep, gang, "in-place-annotation"))
+            by_annotation = ANNOTATION in want and w.n <= ANNOTATION_MAX_SIZE
+            for rep in range(reps if by_annotation else 0):
+                rows.append(await in_place(w, tracker, rep, gang, ANNOTATION))
         finally:
             w.s.arrival_url = direct  # for the next gang, even after an overrun
     elif mode == HANG:
