@@ -8,6 +8,7 @@ from pathlib import Path
 
 import benchmarks.scale
 from benchmarks.common import until_terminated
+from benchmarks.scale.report import rewrite_report
 from benchmarks.scale.runner import run
 from benchmarks.scale.settings import (
     ANNOTATION,
@@ -135,7 +136,17 @@ def main() -> int:
         "DIR/N<n>-<mode>-<rep>.txt (collapsed stacks; its CPU then shares the cores with "
         "py-spy's)",
     )
+    p.add_argument(
+        "--rewrite-report",
+        type=Path,
+        metavar="JSON",
+        help="run nothing: judge the results JSON of an earlier run with this checkout's goals "
+        "and write its markdown report again beside it",
+    )
     a = p.parse_args()
+    if a.rewrite_report is not None:
+        print(rewrite_report(a.rewrite_report))
+        return 0
     modes = tuple(m for m in a.modes.split(",") if m)
     if not modes or set(modes) - set(SELECTABLE_MODES):
         p.error(f"--modes: choose from {','.join(SELECTABLE_MODES)}")

@@ -4,6 +4,7 @@ and the PNG of restart time against gang size."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from benchmarks.scale.peer import CONTROLLER_MANAGER_RATES, SCHEDULER_RATE, STEP
 from benchmarks.scale.settings import (
     ANNOTATION_FLOOR_CONCURRENCY,
     ANNOTATION_MAX_SIZE,
+    DEFAULT_MODES,
     HANG,
     HANG_SECONDS,
     HANG_STEPS_PER_SECOND,
@@ -23,9 +25,12 @@ from benchmarks.scale.settings import (
     IN_PLACE_TLS,
     JOBSET,
     JOBSET_RAISED,
+    PEER_MAX_SIZE,
     PEER_MODES,
+    PEER_QPS,
     PODS_PER_NODE,
     PROGRESS_TWINS,
+    PROGRESS_WINDOW_S,
     REPORTED_MODES,
     Settings,
 )
@@ -478,6 +483,9 @@ def report_data(
             "peers": list(settings.peers),
             "peer_max_size": settings.peer_max_size,
             "peer_controller_manager_qps": settings.peer_qps,
+            "modes": list(settings.modes),
+            "progress": settings.progress,
+            "progress_window_s": settings.progress_window,
         },
         "goals": [v.to_json() for v in verdicts(results, settings)],
         "results": results,
@@ -498,3 +506,36 @@ def write_results(
         "markdown": md_path,
         "png": write_plot(directory / f"{name}.png", settings, data["results"]),
     }
+
+
+def settings_of(data: dict[str, Any]) -> Settings:
+    """The settings of a run, as far as its report needs them, from its results JSON (a run
+    before the JSON kept its modes: every default mode, and hang where it was measured)."""
+    s, results = data["settings"], data["results"]
+    hang = (HANG,) if any(r.get("hang") for r in results) else ()
+    return Settings(
+        sizes=[int(r["workers"]) for r in results],
+        reps=int(s["reps"]),
+        restart_delay=float(s["restart_delay_s"]),
+        start_delay=float(s["start_delay_s"]),
+        scheduler_qps=s.get("scheduler_qps"),
+        endpoint_batch=s.get("endpoint_batch_s"),
+        modes=tuple(s.get("modes") or (*DEFAULT_MODES, *hang)),
+        peers=tuple(s.get("peers") or ()),
+        peer_max_size=int(s.get("peer_max_size", PEER_MAX_SIZE)),
+        peer_qps=int(s.get("peer_controller_manager_qps", PEER_QPS)),
+        progress=bool(s.get("progress", any(r.get("progress_cost") for r in results))),
+        progress_window=float(s.get("progress_window_s", PROGRESS_WINDOW_S)),
+    )
+
+
+def rewrite_report(path: Path) -> Path:
+    """Judge a run's results JSON again with these goals, and write its goals back and its
+    markdown report beside it (`<name>.md`); the measurements are left as they are."""
+    data = json.loads(path.read_text())
+    settings = settings_of(data)
+    data["goals"] = [v.to_json() for v in verdicts(data["results"], settings)]
+    path.write_text(json.dumps(data, indent=2))
+    md_path = path.with_suffix(".md")
+    md_path.write_text(report(settings, data, data["results"]))
+    return md_path

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.scale.controlplane import CONTROLLER_MANAGER, command_line
-from benchmarks.scale.report import report, write_results
+from benchmarks.scale.report import report, rewrite_report, write_results
 from benchmarks.scale.runner import run_on
 from benchmarks.scale.settings import (
     DEFAULT_MODES,
@@ -98,6 +98,11 @@ async def test_restart_scale_runs_every_mode_and_writes_a_report(
     paths = write_results(settings, data, tmp_path)
     assert json.loads(paths["json"].read_text())["results"][0]["workers"] == 3  # type: ignore[union-attr]
     md = report(settings, data, data["results"])
+    # Judged again from its JSON alone (`--rewrite-report`), the report is the same.
+    assert paths["markdown"] is not None
+    written = paths["markdown"].read_text()
+    assert rewrite_report(paths["json"]) == paths["markdown"]  # type: ignore[arg-type]
+    assert paths["markdown"].read_text() == written == md
     assert "## N = 3" in md
     assert "The apiserver's traffic within one repetition" in md
     assert "| in-place | 1 |" in md

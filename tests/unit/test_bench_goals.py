@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.scale.goals import controller_cpu, in_a_row, progress, resize, tls
+from benchmarks.scale.goals import (
+    controller_cpu,
+    controller_rss,
+    in_a_row,
+    in_place_time,
+    progress,
+    resize,
+    tls,
+)
 
 
 def runs(mode: str, seconds: list[float], rss: list[float]) -> list[dict[str, Any]]:
@@ -124,3 +132,54 @@ def test_controller_cpu_is_judged_on_the_process_restart_at_5000() -> None:
     (missing,) = controller_cpu({1000: {"workers": 1000, "modes": {}}})
     assert missing.met is None
     assert "N=5000 not in this run" in missing.why
+
+
+def test_a_goal_not_met_names_its_slowest_step_and_the_busiest_processes() -> None:
+    in_place = {
+        "seconds": {"median": 6.0},
+        "steps": {"visible->epoch": {"median": 0.5}, "epoch->arrived": {"median": 5.0}},
+        "cpu_s": {"bench": 3.1, "kube-apiserver": 2.2, "controller": 0.9, "etcd": 0.3},
+    }
+    res = {"workers": 1000, "modes": {"in-place": in_place}, "runs": []}
+    (_, verdict, _) = in_place_time({1000: res})
+    assert verdict.met is False
+    assert verdict.why == (
+        "in-place epoch->arrived 5.00 s; most CPU within it: bench (the simulated kubelets and "
+        "agents) 3.10 s, kube-apiserver 2.20 s"
+    )
+    del in_place["cpu_s"]
+    assert in_place_time({1000: res})[1].why == "in-place epoch->arrived 5.00 s"
+
+
+def test_in_place_at_5000_is_judged_less_the_simulations_cpu_too() -> None:
+    def at(seconds: float, bench: float) -> dict[int, dict[str, Any]]:
+        in_place = {
+            "seconds": {"median": seconds},
+            "bench_cpu_s": {"median": bench},
+            "seconds_minus_bench_cpu": {"median": seconds - bench},
+            "steps": {"epoch->arrived": {"median": seconds - 1}},
+        }
+        return {5000: {"workers": 5000, "modes": {"in-place": in_place}, "runs": []}}
+
+    (verdict,) = in_place_time(at(12.0, 5.0))[2:]
+    assert verdict.goal == "in place <= 8 s at N=5000, or less the simulation's CPU"
+    assert verdict.met is True
+    assert verdict.figures == "12.00 s; less the simulation's CPU (bench 5.00 s): 7.00 s"
+    (verdict,) = in_place_time(at(12.0, 3.0))[2:]
+    assert verdict.met is False
+    assert verdict.figures.endswith(": 9.00 s")
+    (verdict,) = in_place_time(at(7.0, 3.0))[2:]
+    assert (verdict.met, verdict.figures) == (True, "7.00 s")
+
+
+def test_rss_not_met_names_the_restart_after_which_it_peaked() -> None:
+    rows = [
+        {"mode": "process", "rep": 0, "controller_rss_mib": 230.1},
+        {"mode": "in-place", "rep": 1, "controller_rss_mib": 301.5},
+    ]
+    res = {"workers": 5000, "controller_rss_max_mib": 305.0, "runs": rows, "modes": {}}
+    (verdict,) = controller_rss({5000: res})
+    assert verdict.met is False
+    assert verdict.why == (
+        "the controller process: max RSS 305.0 MiB at N=5000, 301.5 MiB after in-place #2"
+    )
