@@ -453,10 +453,14 @@ class Manager:
                 start = last_arrival if step == "barrier" and last_arrival is not None else since
                 took = written - start
                 metrics.RESTART_STEP.labels(step).observe(took)
+                write = outcome.status_write_seconds
+                if write is not None:
+                    metrics.RESTART_STEP_WRITE.labels(step).observe(write)
                 log.info(
-                    "gang %s: %s written %.3fs after the %s (%.3fs after the first event)",
+                    "gang %s: %s written %.3fs after the %s (%.3fs after the first event; "
+                    "the write itself %s)",
                     key, step, took, "last arrival" if start != since else "watch event",
-                    written - since,
+                    written - since, "-" if write is None else f"{write:.3f}s",
                 )  # fmt: skip
 
     async def _label_own_pod(self, leading: bool) -> None:

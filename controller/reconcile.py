@@ -229,6 +229,9 @@ class Outcome:
     status_written_at: float | None = None
     """When the status write returned (monotonic): the end of the controller's share of a
     restart step. The pass goes on after it (deletes, creates, events)."""
+    status_write_seconds: float | None = None
+    """How long the status write took, request to answer: the apiserver's part of that
+    share."""
     epoch_bumped: bool = False
     """This pass wrote a new `status.epoch` (a restart started)."""
     barrier_opened: bool = False
@@ -423,6 +426,7 @@ class Reconciler:
         )
         if out.status_written:
             out.status_written_at = time.monotonic()
+            out.status_write_seconds = self._written_at[f"{ns}/{name}"][1]
         if deferred is not None:
             after = decided.requeue_after
             out.requeue_after = deferred if after is None else min(after, deferred)

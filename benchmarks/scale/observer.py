@@ -208,6 +208,13 @@ class ApiSample:
         }
 
 
+SHARE_METRICS = (
+    ("", "gangjob_restart_controller_seconds"),
+    ("-write", "gangjob_restart_controller_write_seconds"),
+)
+"""The controller's share of each restart step, and of it its status write's latency."""
+
+
 @dataclass
 class CtlSample:
     cpu: float
@@ -228,12 +235,16 @@ class CtlSample:
         return cls(
             cpu=cpu_seconds(ctl.proc.pid),
             requests=req,
+            # Each step's share, and of it the status write's own latency (`<step>-write`).
             share_sum={
-                s: ctl.metric("gangjob_restart_controller_seconds_sum", {"step": s}) for s in steps
+                s + suffix: ctl.metric(f"{metric}_sum", {"step": s})
+                for s in steps
+                for suffix, metric in SHARE_METRICS
             },
             share_count={
-                s: ctl.metric("gangjob_restart_controller_seconds_count", {"step": s})
+                s + suffix: ctl.metric(f"{metric}_count", {"step": s})
                 for s in steps
+                for suffix, metric in SHARE_METRICS
             },
             passes=ctl.metric("controller_runtime_reconcile_total"),
             pass_seconds=ctl.metric("controller_runtime_reconcile_time_seconds_sum"),

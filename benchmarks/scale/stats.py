@@ -88,7 +88,8 @@ def summarize(w: World, rows: list[dict[str, Any]], startup: dict[str, float]) -
             "seconds_minus_bench_cpu": _stat(r.get("seconds_minus_bench_cpu") for r in mine),
             "cpu_s": {p: _median(r.get("cpu_s", {}).get(p) for r in mine) for p in procs},
             "controller_share_s": {
-                s: _stat(c["share_s"].get(s) for c in ctl) for s in ("bump", "barrier")
+                s: _stat(c["share_s"].get(s) for c in ctl)
+                for s in ("bump", "barrier", "bump-write", "barrier-write")
             },
             "controller_cpu_s": _stat(c["cpu_s"] for c in ctl),
             "api_requests": _stat(c["requests"].get("all", 0) for c in ctl),

@@ -8,6 +8,7 @@ from typing import Any
 from benchmarks.scale.goals import (
     controller_cpu,
     controller_rss,
+    controller_share,
     in_a_row,
     in_place_time,
     progress,
@@ -183,3 +184,21 @@ def test_rss_not_met_names_the_restart_after_which_it_peaked() -> None:
     assert verdict.why == (
         "the controller process: max RSS 305.0 MiB at N=5000, 301.5 MiB after in-place #2"
     )
+
+
+def test_the_share_not_met_names_its_step_and_the_status_writes_part() -> None:
+    share = {
+        "bump": {"median": 0.3}, "barrier": {"median": 1.5},
+        "bump-write": {"median": 0.05}, "barrier-write": {"median": 1.2},
+    }  # fmt: skip
+    res = {"workers": 5000, "modes": {"in-place": {"controller_share_s": share}}}
+    (verdict,) = controller_share({5000: res})
+    assert verdict.met is False
+    assert verdict.figures == "1.80 s (failure->epoch 0.30 + last arrival->barrier 1.50)"
+    assert verdict.why == (
+        "last arrival->barrier 1.50 s: of it the status write 1.20 s (kube-apiserver's answer), "
+        "the controller's pass and wait 0.30 s"
+    )
+    # A run before the write was measured apart: the step alone.
+    del share["barrier-write"]
+    assert controller_share({5000: res})[0].why == "last arrival->barrier 1.50 s"

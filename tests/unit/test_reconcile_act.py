@@ -95,6 +95,25 @@ def test_the_controller_share_ends_when_the_status_write_returns_not_with_the_pa
     assert _share_sum("bump") - before == pytest.approx(0.25)
 
 
+def _write_sum(step: str) -> float:
+    value = metrics.REGISTRY.get_sample_value(
+        "gangjob_restart_controller_write_seconds_sum", {"step": step}
+    )
+    return value or 0.0
+
+
+def test_the_share_counts_the_status_writes_own_latency_apart() -> None:
+    before, written_before = _share_sum("bump"), _write_sum("bump")
+    since = time.monotonic() - 30.0
+    outcome = Outcome(
+        status_written=True, epoch_bumped=True, status_written_at=since + 0.5,
+        status_write_seconds=0.4,
+    )  # fmt: skip
+    Manager._report_share("ml/llama", since, outcome)
+    assert _share_sum("bump") - before == pytest.approx(0.5)
+    assert _write_sum("bump") - written_before == pytest.approx(0.4)
+
+
 def test_the_barrier_share_runs_from_the_last_arrival_not_from_an_earlier_one() -> None:
     # The gang was dirty since an earlier report, which waited REPORT_COALESCE; the last
     # arrival's pass ran at once. The share is the controller's reaction to the last arrival.
@@ -292,7 +311,11 @@ async def test_counts_wait_longer_after_a_slow_write_and_the_protocol_never_wait
     # A write that waited 0.1 s: the next counts wait 0.1 / COUNT_WRITE_BUDGET = 0.5 s.
     api.delay = 0.1
     await asyncio.sleep(0.02)
-    assert (await reconciler.act(job, obj, counts(2))).status_written
+    slowly = await reconciler.act(job, obj, counts(2))
+    assert slowly.status_written
+    # The write's own latency, the apiserver's part of a restart step's share.
+    assert slowly.status_write_seconds is not None
+    assert 0.1 <= slowly.status_write_seconds < 0.2
     api.delay = 0.0
     slow = await reconciler.act(job, obj, counts(3))
     assert not slow.status_written
