@@ -253,7 +253,9 @@ def controller_share(results: Results) -> list[Verdict]:
     step, took = ("bump", b1) if b1 >= b2 else ("barrier", b2)
     held = f"failure->epoch {b1:.2f} s" if step == "bump" else f"last arrival->barrier {b2:.2f} s"
     write = share.get(f"{step}-write")
-    if write is not None:
+    if write is None:
+        held += ": the controller's pass and its status write (not measured apart in this run)"
+    else:
         w = float(write["median"])
         held += (
             f": of it the status write {w:.2f} s (kube-apiserver's answer), the controller's "

@@ -201,4 +201,7 @@ def test_the_share_not_met_names_its_step_and_the_status_writes_part() -> None:
     )
     # A run before the write was measured apart: the step alone.
     del share["barrier-write"]
-    assert controller_share({5000: res})[0].why == "last arrival->barrier 1.50 s"
+    assert controller_share({5000: res})[0].why == (
+        "last arrival->barrier 1.50 s: the controller's pass and its status write (not measured "
+        "apart in this run)"
+    )
