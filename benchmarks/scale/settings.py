@@ -7,8 +7,10 @@ from pathlib import Path
 
 from benchmarks.common import RESULTS
 
+ANNOTATION = "in-place-annotation"
+"""In place with arrival by pod annotation and each agent's own watch of its GangJob."""
 MODES = (
-    "in-place", "process", "in-place-annotation", "node-lost", "recreate", "floor",
+    "in-place", "process", ANNOTATION, "node-lost", "recreate", "floor",
     "annotation-floor",
 )  # fmt: skip
 """Every measurement of GangJob, in the order the report lists them."""
@@ -31,7 +33,6 @@ restarted for it, and back after. Taken by default, at N <= `TLS_MAX_SIZE` only.
 TLS_MAX_SIZE = 1000
 """The largest N of `in-place-tls`: its goal is judged at N=1000, and at N=5000 a second gang
 of 5000 would be the run's longest part."""
-ANNOTATION = "in-place-annotation"
 ANNOTATION_MAX_SIZE = 1000
 """The largest N of `in-place-annotation`: at N=5000 its 5000 agents' own watches and pod
 patches overran the restart's deadline in every full run (at most 642 of 5000 arrived in 1090 s)

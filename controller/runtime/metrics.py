@@ -166,13 +166,15 @@ ARRIVAL_STREAMS = Gauge(
     "Open answers to arrival reports (each a worker waiting at, or running past, its barrier)",
     registry=REGISTRY,
 )
+RESTART_STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30)
+"""A restart step's share and its status write: one scale, so that the two compare."""
 RESTART_STEP = Histogram(
     "gangjob_restart_controller_seconds",
     "The controller's own share of a restart: from the watch event that made the key dirty "
     "to the status write returning; step=bump (failure seen -> epoch written) or "
     "step=barrier (last arrival seen -> barrier written)",
     ["step"],
-    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+    buckets=RESTART_STEP_BUCKETS,
     registry=REGISTRY,
 )
 RESTART_STEP_WRITE = Histogram(
@@ -180,7 +182,7 @@ RESTART_STEP_WRITE = Histogram(
     "Of gangjob_restart_controller_seconds, the status write's own latency: the request to the "
     "apiserver and back (step=bump or step=barrier); the rest is the controller's pass",
     ["step"],
-    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+    buckets=RESTART_STEP_BUCKETS,
     registry=REGISTRY,
 )
 EPOCH = Gauge(
